@@ -1,0 +1,149 @@
+"""The device seam: the one module that touches ``torch_npu`` / ``torch.npu``.
+
+Everything device-specific the core and plugins need (which device, which
+Ascend SoC, set_device, streams, events, synchronize, memory info, graph
+objects, aligned raw buffers) goes through :class:`Device`. On an NPU host it
+calls torch_npu; on CPU it uses plain torch; CUDA works where present. Tests
+on a CPU host exercise the same code paths with the CPU answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+
+from ascend_kernel.settings import KernelSettings
+
+#: ranges of ``torch_npu.npu.get_soc_version()`` per product family
+_SOC_RANGES = (("310P", range(200, 206)), ("A2", range(220, 226)), ("A3", range(250, 256)))
+
+
+@functools.cache
+def _torch_npu() -> Any | None:
+    try:
+        import torch_npu  # noqa: F401
+
+        return torch_npu
+    except Exception:  # noqa: BLE001 - any failure means "no usable NPU stack"
+        return None
+
+
+def npu_available() -> bool:
+    """True when torch_npu imports and at least one NPU is visible."""
+    if _torch_npu() is None:
+        return False
+    try:
+        return bool(torch.npu.is_available()) and torch.npu.device_count() > 0
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _npu_soc() -> str | None:
+    lib = _torch_npu()
+    if lib is None:
+        return None
+    version = int(lib.npu.get_soc_version())
+    return next((name for name, span in _SOC_RANGES if version in span), f"unknown({version})")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """Facts about the device the kernel runs on, for ``supports(ctx)`` checks."""
+
+    kind: str  # "npu" | "cpu" | "cuda"
+    soc: str | None  # "A2" | "A3" | "310P" on NPU (or forced by settings), else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "soc": self.soc}
+
+
+def resolve_device_kind(settings: KernelSettings) -> str | None:
+    """The device the kernel should run on, or None when it should stay off.
+
+    ``auto`` never takes over a host without an NPU: installing ascend-kernel
+    on a CUDA or plain CPU machine changes nothing unless asked.
+    """
+    if settings.device == "npu":
+        return "npu"
+    if settings.device == "cpu":
+        return "cpu"
+    return "npu" if npu_available() else None
+
+
+def describe_device(settings: KernelSettings, kind: str) -> DeviceInfo:
+    soc = settings.soc if settings.soc != "auto" else (_npu_soc() if kind == "npu" else None)
+    return DeviceInfo(kind=kind, soc=soc)
+
+
+class Device:
+    """Device operations behind one interface (npu via torch_npu, cpu, cuda)."""
+
+    def __init__(self, kind: str) -> None:
+        if kind not in ("npu", "cpu", "cuda"):
+            raise ValueError(f"unknown device kind {kind!r}; allowed: npu, cpu, cuda")
+        self.kind = kind
+        self._mod = torch.npu if kind == "npu" else (torch.cuda if kind == "cuda" else None)
+
+    def torch_device(self, index: int = 0) -> torch.device:
+        return torch.device("cpu") if self.kind == "cpu" else torch.device(self.kind, index)
+
+    def set_device(self, device: torch.device) -> None:
+        if self._mod is not None:
+            self._mod.set_device(device)
+
+    def synchronize(self) -> None:
+        if self._mod is not None:
+            self._mod.synchronize()
+
+    def new_stream(self) -> Any | None:
+        return self._mod.Stream() if self._mod is not None else None
+
+    def new_event(self, enable_timing: bool = False) -> Any | None:
+        return self._mod.Event(enable_timing=enable_timing) if self._mod is not None else None
+
+    @contextlib.contextmanager
+    def stream(self, stream: Any | None) -> Iterator[None]:
+        if self._mod is None or stream is None:
+            yield
+        else:
+            with self._mod.stream(stream):
+                yield
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """(free, total) bytes of device memory; host memory on CPU."""
+        if self._mod is not None:
+            return tuple(self._mod.mem_get_info())  # type: ignore[return-value]
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return vm.available, vm.total
+
+    def new_graph(self) -> Any:
+        """A graph object (NPUGraph / CUDAGraph); there is none on CPU."""
+        if self.kind == "npu":
+            return torch.npu.NPUGraph()
+        if self.kind == "cuda":
+            return torch.cuda.CUDAGraph()
+        raise RuntimeError("graph capture needs an NPU or CUDA device; this kernel runs on cpu")
+
+    def zeros_bytes(self, nbytes: int, device: torch.device, alignment: int = 1) -> tuple[torch.Tensor, int]:
+        """A zeroed int8 buffer of ``nbytes`` whose first byte is ``alignment``-aligned.
+
+        Returns the buffer view and the slack (bytes allocated beyond ``nbytes``
+        to reach the alignment; at most ``alignment - 1`` are ever used).
+        """
+        if alignment <= 1:
+            return torch.zeros(nbytes, dtype=torch.int8, device=device), 0
+        raw = torch.zeros(nbytes + alignment, dtype=torch.int8, device=device)
+        offset = (-raw.data_ptr()) % alignment
+        return raw[offset : offset + nbytes], alignment
+
+    def format_cast(self, tensor: torch.Tensor, acl_format: int) -> torch.Tensor:
+        """Cast to an ACL storage format (2 = ND, 29 = FRACTAL_NZ) on NPU; identity elsewhere."""
+        if self.kind == "npu":
+            return _torch_npu().npu_format_cast(tensor, acl_format)
+        return tensor

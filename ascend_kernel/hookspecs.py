@@ -1,0 +1,204 @@
+"""Hook specifications: the whole contract between the kernel and its plugins.
+
+Two kinds of hooks exist, and the difference matters for speed:
+
+* **Registration hooks** (plural nouns, e.g. :func:`ascend_kernel_drafters`)
+  are called once per process at start-up. Each returns a list of
+  :class:`~ascend_kernel.registry.Implementation` entries: named, with a
+  ``supports(ctx)`` predicate and a ``priority``. The kernel collects the
+  entries of every plugin, picks one per family (a forcing setting > highest
+  priority among supported entries), keeps a decision record, and hands the
+  runner the built object. The decode loop then calls that object's methods
+  directly: **no pluggy dispatch happens per step**.
+* **Lifecycle hooks** (verbs, e.g. :func:`ascend_kernel_configure`) run at
+  fixed moments of start-up.
+
+All hooks are called for every registered plugin (collect semantics) unless
+marked ``firstresult``. Arguments are passed by keyword; an implementation may
+accept any subset of them. A plugin that implements a hook name not listed here
+is rejected at start-up, with its name and entry point.
+
+The selection context passed to every ``supports(ctx)`` and factory is an
+:class:`ascend_kernel.kernel.SelectionContext` with ``vllm_config``,
+``settings``, ``device`` (a :class:`ascend_kernel.device.DeviceInfo`) and
+``subject`` (the KV-cache spec class for ``kv_cache``; None elsewhere).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from ascend_kernel.device import DeviceInfo
+    from ascend_kernel.registry import Implementation
+    from ascend_kernel.settings import KernelSettings
+
+PROJECT_NAME = "ascend_kernel"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+# ---------------------------------------------------------------------------
+# config
+# ---------------------------------------------------------------------------
+
+
+@hookspec
+def ascend_kernel_configure(
+    settings: "KernelSettings", vllm_config: Any, device: "DeviceInfo"
+) -> "list[Any] | None":
+    """Validate and fix this plugin's slice of the vLLM configuration.
+
+    Called once, by the platform's ``check_and_update_config``, after vLLM's
+    own platform defaults were applied and before any family is chosen, so
+    that a fix-up (say, disabling an op that is wrong for a model) is seen by
+    every later decision.
+
+    :param settings: the engine's typed kernel settings.
+    :param vllm_config: vLLM's ``VllmConfig``; the plugin may change it.
+    :param device: the device the kernel runs on (kind, Ascend SoC); fix-ups
+        that only make sense on an NPU check ``device.kind``.
+    :return: a list of :class:`ascend_kernel.config_changes.ConfigChange`, one
+        per field the plugin changed (the kernel records and logs them), or
+        None. To refuse a configuration, raise ``ascend_kernel.errors.KernelError``
+        with a message that says what is wrong and what is allowed.
+    """
+
+
+# ---------------------------------------------------------------------------
+# attention
+# ---------------------------------------------------------------------------
+
+
+@hookspec
+def ascend_kernel_attention_backends() -> "list[Implementation]":
+    """Offer attention-backend providers (family ``attention_backend``).
+
+    The built object must provide
+    ``backend_class_path(selected_backend, selector_config, num_heads, platform_default) -> str``,
+    which the platform's ``get_attn_backend_cls`` returns to vLLM. It is
+    called by vLLM once per distinct layer kind (MLA or not, sparse or not);
+    ``platform_default`` is the base platform's own answer, for providers that
+    delegate.
+
+    :return: entries for this family (may be empty).
+    """
+
+
+@hookspec
+def ascend_kernel_attention_state_policies() -> "list[Implementation]":
+    """Offer per-step attention-state policies (family ``attention_state``).
+
+    The built object must provide ``decide(batch) -> AttentionState`` where
+    ``batch`` is a :class:`ascend_kernel.step.StepBatch`. The runner calls it
+    once per step, directly, and publishes the state to vLLM's forward context
+    under ``"ascend_attn_state"``. The returned state must have ``name`` and
+    ``is_prefill``.
+    """
+
+
+@hookspec
+def ascend_kernel_attention_masks() -> "list[Implementation]":
+    """Offer attention-mask builders (family ``attention_mask``).
+
+    The built object must provide ``mask_for(state, seq_lens, positions, dtype, device)``
+    returning the mask the backend needs for that attention state (or None),
+    from caches that grow and are never rebuilt per step.
+    """
+
+
+# ---------------------------------------------------------------------------
+# KV cache
+# ---------------------------------------------------------------------------
+
+
+@hookspec
+def ascend_kernel_kv_cache_layouts() -> "list[Implementation]":
+    """Offer KV-cache layouts (family ``kv_cache``, chosen once per spec type).
+
+    The kernel chooses one layout for every ``KVCacheSpec`` class present in
+    the model's ``KVCacheConfig``; ``ctx.subject`` is that class, so
+    ``supports`` typically checks ``issubclass(ctx.subject, FullAttentionSpec)``.
+    The built object must provide:
+
+    * ``alignment(vllm_config) -> int``: the byte alignment every tensor it
+      places needs (1 when none; 2 MiB with PD disaggregation);
+    * ``views(backing, placement, spec, num_blocks, kernel_block_size) -> list[Tensor]``:
+      one cache object per layer of a ``KVCacheTensor`` placement, as views of
+      the shared backing buffer (nothing else is allocated).
+    """
+
+
+# ---------------------------------------------------------------------------
+# MoE communication
+# ---------------------------------------------------------------------------
+
+
+@hookspec
+def ascend_kernel_moe_comm_policies() -> "list[Implementation]":
+    """Offer MoE communication policies (family ``moe_comm``).
+
+    The built object must provide ``select(num_tokens, with_prefill) -> str | None``:
+    the method (``"allgather"``, ``"mc2"``, ``"alltoall"``, ``"naive_multicast"``)
+    for a batch, None for a model without experts. It is called directly per
+    forward pass; a policy may precompute a table at build time.
+    """
+
+
+# ---------------------------------------------------------------------------
+# speculative decoding
+# ---------------------------------------------------------------------------
+
+
+@hookspec
+def ascend_kernel_drafters() -> "list[Implementation]":
+    """Offer drafters (family ``drafter``; optional: unused without a speculative config).
+
+    ``supports(ctx)`` should check ``ctx.vllm_config.speculative_config.method``.
+    The built object must provide ``build(runner) -> proposer``: the proposer
+    vLLM's runner keeps as ``runner.drafter`` (same interface as vLLM's
+    proposers: ``propose(...)``, ``load_model(...)``).
+    """
+
+
+# ---------------------------------------------------------------------------
+# sampling
+# ---------------------------------------------------------------------------
+
+
+@hookspec
+def ascend_kernel_samplers() -> "list[Implementation]":
+    """Offer samplers (family ``sampler``).
+
+    The built object must provide ``build(vllm_config) -> sampler``, a
+    callable module with vLLM's ``Sampler`` interface
+    (``sampler(logits=..., sampling_metadata=...) -> SamplerOutput``).
+    """
+
+
+@hookspec
+def ascend_kernel_rejection_samplers() -> "list[Implementation]":
+    """Offer rejection samplers (family ``rejection_sampler``; optional).
+
+    The built object must provide ``build(sampler, vllm_config, device)``,
+    returning a module with vLLM's ``RejectionSampler`` call interface.
+    """
+
+
+# ---------------------------------------------------------------------------
+# graph capture
+# ---------------------------------------------------------------------------
+
+
+@hookspec
+def ascend_kernel_graph_modes() -> "list[Implementation]":
+    """Offer graph-capture modes (family ``graph``).
+
+    The built object must provide ``capture_sizes(vllm_config) -> list[int]``
+    (the batch sizes it captures), ``capture(runner) -> int`` (capture at
+    start-up, returns bytes used) and ``padded_num_tokens(num_tokens) -> int``
+    (runtime dispatch: the captured size a batch runs at).
+    """

@@ -1,0 +1,210 @@
+"""The kernel: settings + plugins + one choice per family, made once per process.
+
+The platform calls :func:`activate` from ``check_and_update_config`` (and a
+worker process calls it again from the pickled config, without re-running the
+config hooks). Everything after that reads :func:`current`. The chosen objects
+live in a frozen, slotted :class:`KernelPlan`; the runner binds their methods
+at init and calls them directly in the decode loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ascend_kernel.config_changes import ConfigChange
+from ascend_kernel.device import Device, DeviceInfo, describe_device, resolve_device_kind
+from ascend_kernel.errors import PluginError, SelectionError
+from ascend_kernel.plugin_manager import KernelPluginManager
+from ascend_kernel.registry import DecisionRecord, Implementation, choose
+from ascend_kernel.settings import KernelSettings, load_settings
+
+logger = logging.getLogger("ascend_kernel")
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """A family of interchangeable implementations and how it is chosen."""
+
+    name: str
+    hook: str
+    setting: str
+    optional: bool = False  # may end up unused (e.g. no drafter without speculation)
+
+
+#: The families chosen once per process, in the order they are resolved.
+GLOBAL_FAMILIES: tuple[Family, ...] = (
+    Family("attention_backend", "ascend_kernel_attention_backends", "attention_backend"),
+    Family("attention_state", "ascend_kernel_attention_state_policies", "attention_state"),
+    Family("attention_mask", "ascend_kernel_attention_masks", "attention_mask"),
+    Family("moe_comm", "ascend_kernel_moe_comm_policies", "moe_comm"),
+    Family("drafter", "ascend_kernel_drafters", "drafter", optional=True),
+    Family("sampler", "ascend_kernel_samplers", "sampler"),
+    Family("rejection_sampler", "ascend_kernel_rejection_samplers", "rejection_sampler", optional=True),
+    Family("graph", "ascend_kernel_graph_modes", "graph_mode"),
+)
+#: Chosen once per KV-cache spec type present in the model.
+KV_CACHE_FAMILY = Family("kv_cache", "ascend_kernel_kv_cache_layouts", "kv_cache_layout")
+
+
+@dataclass(frozen=True, slots=True)
+class SelectionContext:
+    """What ``supports(ctx)`` predicates and factories are given."""
+
+    vllm_config: Any
+    settings: KernelSettings
+    device: DeviceInfo
+    subject: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class KernelPlan:
+    """The chosen object of every global family (None for an unused optional one)."""
+
+    attention_backend: Any
+    attention_state: Any
+    attention_mask: Any
+    moe_comm: Any
+    drafter: Any
+    sampler: Any
+    rejection_sampler: Any
+    graph: Any
+
+
+@dataclass(slots=True)
+class Kernel:
+    """One engine's kernel: its settings, plugins, decisions and config changes."""
+
+    settings: KernelSettings
+    device_info: DeviceInfo
+    plugins: KernelPluginManager
+    records: list[DecisionRecord] = field(default_factory=list)
+    config_changes: list[ConfigChange] = field(default_factory=list)
+    plan: KernelPlan | None = None
+    _kv_layouts: dict[type, Any] = field(default_factory=dict)
+    _entries: dict[str, list[Implementation]] = field(default_factory=dict)
+
+    @property
+    def device(self) -> Device:
+        return Device(self.device_info.kind)
+
+    def context(self, vllm_config: Any, subject: Any = None) -> SelectionContext:
+        return SelectionContext(vllm_config, self.settings, self.device_info, subject)
+
+    def entries(self, family: Family) -> list[Implementation]:
+        if family.name not in self._entries:
+            self._entries[family.name] = self.plugins.implementations(family.hook, family.name)
+        return self._entries[family.name]
+
+    # -- start-up ------------------------------------------------------------
+
+    def configure(self, vllm_config: Any) -> list[ConfigChange]:
+        """Let every plugin validate and fix its slice of the config (once)."""
+        changes = []
+        for plugin, result in self.plugins.call_each(
+            "ascend_kernel_configure", settings=self.settings, vllm_config=vllm_config,
+            device=self.device_info,
+        ):
+            for item in result:
+                if not isinstance(item, ConfigChange):
+                    raise PluginError(
+                        f"ascend_kernel_configure of plugin '{plugin}' ({self.plugins.entry_point_of(plugin)}) "
+                        f"returned {item!r}; expected ConfigChange entries."
+                    )
+                changes.append(ConfigChange(item.path, item.old, item.new, item.reason, plugin))
+        self.config_changes.extend(changes)
+        return changes
+
+    def resolve(self, vllm_config: Any) -> KernelPlan:
+        """Choose one implementation per global family; idempotent per process."""
+        if self.plan is not None:
+            return self.plan
+        ctx = self.context(vllm_config)
+        chosen: dict[str, Any] = {}
+        for family in GLOBAL_FAMILIES:
+            impl, record = choose(
+                family.name,
+                self.entries(family),
+                ctx,
+                forced=self.settings.forced(family.setting),
+                forcing_setting=KernelSettings.env_name(family.setting),
+                optional=family.optional,
+            )
+            self.records.append(record)
+            chosen[family.name] = impl.build(ctx) if impl is not None else None
+        self.plan = KernelPlan(**chosen)
+        for record in self.records:
+            logger.info("ascend-kernel: %s -> %s (%s, %s)", record.family, record.chosen,
+                        record.plugin, record.forced_by)
+        return self.plan
+
+    def kv_layout_for(self, spec_type: type, vllm_config: Any) -> Any:
+        """The layout object for one KV-cache spec class (chosen on first use)."""
+        if spec_type not in self._kv_layouts:
+            ctx = self.context(vllm_config, subject=spec_type)
+            impl, record = choose(
+                KV_CACHE_FAMILY.name,
+                self.entries(KV_CACHE_FAMILY),
+                ctx,
+                forced=self._forced_kv_layout(spec_type, ctx),
+                forcing_setting=KernelSettings.env_name(KV_CACHE_FAMILY.setting),
+                subject=spec_type.__name__,
+            )
+            self.records.append(record)
+            self._kv_layouts[spec_type] = impl.build(ctx)
+        return self._kv_layouts[spec_type]
+
+    def _forced_kv_layout(self, spec_type: type, ctx: SelectionContext) -> str | None:
+        """A forced layout applies to the specs it handles; others stay on auto."""
+        forced = self.settings.forced(KV_CACHE_FAMILY.setting)
+        if forced is None:
+            return None
+        match = next((e for e in self.entries(KV_CACHE_FAMILY) if forced in (e.name, *e.aliases)), None)
+        if match is not None and match.supports(ctx) is not None:
+            return None
+        return forced
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "device": self.device_info.as_dict(),
+            "decisions": [r.as_dict() for r in self.records],
+            "config_changes": [c.as_dict() for c in self.config_changes],
+            "plugins": [p.as_dict() for p in self.plugins.infos],
+        }
+
+
+_lock = threading.Lock()
+_current: Kernel | None = None
+
+
+def build_kernel(settings: KernelSettings, device_kind: str) -> Kernel:
+    return Kernel(settings, describe_device(settings, device_kind), KernelPluginManager(settings))
+
+
+def activate(vllm_config: Any, *, configure: bool) -> Kernel:
+    """Create (or reuse) this process's kernel for ``vllm_config``.
+
+    ``configure=True`` runs the config hooks (the platform, once per engine);
+    workers in other processes pass False: their config was already fixed.
+    """
+    global _current
+    with _lock:
+        settings = load_settings(getattr(vllm_config, "additional_config", None))
+        if _current is None or _current.settings != settings or configure:
+            kind = resolve_device_kind(settings) or "cpu"
+            _current = build_kernel(settings, kind)
+            if configure:
+                _current.configure(vllm_config)
+        return _current
+
+
+def current() -> Kernel:
+    if _current is None:
+        raise SelectionError("ascend-kernel is not active in this process (no engine was configured with it)")
+    return _current
+
+
+def current_or_none() -> Kernel | None:
+    return _current

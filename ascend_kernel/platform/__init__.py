@@ -1,0 +1,1 @@
+"""vLLM platform classes of the kernel (CPU fallback and NPU) and what they share."""

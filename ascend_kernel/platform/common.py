@@ -1,0 +1,36 @@
+"""What both kernel platforms do: delegate config fix-ups and backend choice to plugins."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ascend_kernel import kernel as kernel_mod
+from ascend_kernel.runner import kernel_runner
+
+
+class KernelPlatformMixin:
+    """Mixed in front of a vLLM ``Platform`` subclass."""
+
+    #: the worker class path this platform installs when vLLM's is "auto"
+    kernel_worker_cls: str = ""
+    #: worker class paths of the base platform that the kernel worker replaces
+    replaced_worker_cls: tuple[str, ...] = ("auto",)
+
+    @classmethod
+    def kernel_check_and_update_config(cls, vllm_config: Any, base: Callable[[Any], None]) -> None:
+        parallel = vllm_config.parallel_config
+        base(vllm_config)
+        if parallel.worker_cls in cls.replaced_worker_cls:
+            parallel.worker_cls = cls.kernel_worker_cls
+        kernel = kernel_mod.activate(vllm_config, configure=True)
+        kernel.resolve(vllm_config)
+
+    @classmethod
+    def kernel_attn_backend_cls(cls, selected_backend: Any, selector_config: Any, num_heads: int | None,
+                                platform_default: Callable[[], str]) -> str:
+        provider = kernel_mod.current().plan.attention_backend
+        return provider.backend_class_path(selected_backend, selector_config, num_heads, platform_default)
+
+    @classmethod
+    def set_additional_forward_context(cls, *args: Any, num_tokens: int | None = None, **kwargs: Any) -> dict[str, Any]:
+        return kernel_runner.forward_context_extras(num_tokens)

@@ -1,0 +1,32 @@
+"""The CPU-fallback platform: vLLM's CPU platform with the kernel in charge of features.
+
+Selected only when ``ASCEND_KERNEL_DEVICE=cpu``. It lets the whole kernel
+(plugins, runner seams, Ascend backends on the reference ops provider) run
+inside real vLLM on a host without an NPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.platforms.cpu import CpuPlatform
+
+from ascend_kernel.platform.common import KernelPlatformMixin
+
+
+class KernelCpuPlatform(KernelPlatformMixin, CpuPlatform):
+    kernel_worker_cls = "ascend_kernel.worker.cpu_worker.KernelCPUWorker"
+    replaced_worker_cls = ("auto", "vllm.v1.worker.cpu_worker.CPUWorker")
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: Any) -> None:
+        cls.kernel_check_and_update_config(vllm_config, super().check_and_update_config)
+
+    @classmethod
+    def get_attn_backend_cls(cls, selected_backend: Any, attn_selector_config: Any,
+                             num_heads: int | None = None) -> str:
+        return cls.kernel_attn_backend_cls(
+            selected_backend, attn_selector_config, num_heads,
+            lambda: super(KernelCpuPlatform, cls).get_attn_backend_cls(
+                selected_backend, attn_selector_config, num_heads),
+        )

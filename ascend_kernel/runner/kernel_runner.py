@@ -1,0 +1,162 @@
+"""The kernel runner: the seams of vLLM's V1 runner, answered by the chosen plugins.
+
+:class:`KernelRunnerMixin` sits in front of vLLM's runner class
+(``CPUModelRunner`` on CPU, ``GPUModelRunner`` over the device seam on NPU)
+and replaces exactly the feature decisions the Ascend runner used to make with
+``if/elif``: sampler, rejection sampler, drafter, KV-cache tensors, per-step
+attention state and MoE method, graph capture. Everything is bound at init;
+the step calls plain methods on the plan's objects (no pluggy in the loop).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from ascend_kernel import kernel as kernel_mod
+from ascend_kernel.runner.kv_allocation import KVAllocationReport, allocate_kv_caches
+from ascend_kernel.step import StepBatch, StepTrace
+
+logger = logging.getLogger("ascend_kernel")
+
+#: the runner of this process whose step state the platform publishes
+_active_runner: "KernelRunnerMixin | None" = None
+
+
+def forward_context_extras(num_tokens: int | None) -> dict[str, Any]:
+    """What the platform adds to vLLM's forward context for one forward pass."""
+    runner = _active_runner
+    if runner is None:
+        return {}
+    return runner.kernel_forward_extras(num_tokens)
+
+
+class KernelRunnerMixin:
+    """Routes the runner's feature seams through the kernel's plan."""
+
+    def __init__(self, vllm_config: Any, device: Any) -> None:
+        global _active_runner
+        super().__init__(vllm_config, device)  # type: ignore[call-arg]
+        self.kernel = kernel_mod.activate(vllm_config, configure=False)
+        plan = self.kernel.resolve(vllm_config)
+        self.kernel_plan = plan
+        self.kernel_trace = StepTrace()
+        self.kernel_kv_report = KVAllocationReport()
+        self.kernel_attn_state: Any = None
+        # Per-step policies, bound once.
+        self._decide_attn_state = plan.attention_state.decide
+        self._select_moe_comm = plan.moe_comm.select
+        # Sampling and drafting objects replace what vLLM's __init__ built.
+        self.sampler = plan.sampler.build(vllm_config)
+        if plan.drafter is not None:
+            self.drafter = plan.drafter.build(self)
+        if plan.rejection_sampler is not None:
+            self.rejection_sampler = plan.rejection_sampler.build(self.sampler, vllm_config, self.device)
+        _active_runner = self
+
+    # -- per step ---------------------------------------------------------------
+
+    def _prepare_inputs(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray, *args: Any, **kwargs: Any):
+        out = super()._prepare_inputs(scheduler_output, num_scheduled_tokens, *args, **kwargs)  # type: ignore[misc]
+        batch = self._step_batch(scheduler_output, num_scheduled_tokens)
+        state = self._decide_attn_state(batch)
+        self.kernel_attn_state = state
+        trace = self.kernel_trace
+        trace.steps += 1
+        trace.attention_states[state.name] += 1
+        return out
+
+    def _step_batch(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray) -> StepBatch:
+        num_reqs = self.input_batch.num_reqs  # type: ignore[attr-defined]
+        scheduled = np.asarray(num_scheduled_tokens[:num_reqs])
+        seq_lens = self.input_batch.num_computed_tokens_cpu[:num_reqs] + scheduled  # type: ignore[attr-defined]
+        drafts = scheduler_output.scheduled_spec_decode_tokens
+        if drafts:
+            req_ids = self.input_batch.req_ids  # type: ignore[attr-defined]
+            num_draft = np.fromiter((len(drafts.get(r, ())) for r in req_ids[:num_reqs]), np.int64, num_reqs)
+            valid = scheduled - num_draft
+        else:
+            valid = scheduled
+        return StepBatch(num_reqs, seq_lens, scheduled, valid, int(scheduled.sum()))
+
+    def kernel_forward_extras(self, num_tokens: int | None) -> dict[str, Any]:
+        state = self.kernel_attn_state
+        with_prefill = bool(state is not None and state.is_prefill)
+        method = self._select_moe_comm(num_tokens or 0, with_prefill)
+        if state is not None and method is not None:
+            self.kernel_trace.moe_methods[method] += 1
+        return {"ascend_attn_state": state, "moe_comm_method": method}
+
+    def execute_model(self, *args: Any, **kwargs: Any):
+        try:
+            return super().execute_model(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self.kernel_attn_state = None  # dummy/profile runs see no stale state
+
+    def _sample(self, *args: Any, **kwargs: Any):
+        if kwargs.get("spec_decode_metadata", args[1] if len(args) > 1 else None) is None:
+            self.kernel_trace.sampler_calls += 1
+        else:
+            self.kernel_trace.rejection_sampler_calls += 1
+        return super()._sample(*args, **kwargs)  # type: ignore[misc]
+
+    def propose_draft_token_ids(self, *args: Any, **kwargs: Any):
+        self.kernel_trace.drafter_calls += 1
+        return super().propose_draft_token_ids(*args, **kwargs)  # type: ignore[misc]
+
+    # -- start-up -----------------------------------------------------------------
+
+    def initialize_kv_cache_tensors(self, kv_cache_config: Any, kernel_block_sizes: list[int],
+                                    kv_cache_allocation_context: Any = None) -> dict[str, Any]:
+        from contextlib import nullcontext
+
+        from vllm.v1.worker.utils import bind_kv_cache, map_kv_caches_to_kernel_blocks
+
+        kernel = self.kernel
+        with kv_cache_allocation_context or nullcontext():
+            caches, report = allocate_kv_caches(
+                kv_cache_config,
+                layout_for=lambda spec_type: kernel.kv_layout_for(spec_type, self.vllm_config),
+                layout_name_for=lambda spec_type: next(
+                    r.chosen for r in reversed(kernel.records)
+                    if r.family == "kv_cache" and r.subject == spec_type.__name__
+                ),
+                vllm_config=self.vllm_config,
+                device=kernel.device,
+                torch_device=self.device,
+                kernel_block_sizes=kernel_block_sizes,
+                runner_only_layers=self.runner_only_attn_layers,
+                borrowed_layers=set(self.shared_kv_cache_layers),
+            )
+        self.kernel_kv_report = report
+        for layer, target in self.shared_kv_cache_layers.items():
+            caches[layer] = caches[target]
+        groups = [g for per_group in self.attn_groups for g in per_group]
+        if self.speculative_config:
+            groups += getattr(self.drafter, "draft_attn_groups", [])
+        hf_config = self.model_config.hf_config
+        bind_kv_cache(
+            caches,
+            self.compilation_config.static_forward_context,
+            self.kv_caches,
+            2 if getattr(hf_config, "model_type", None) == "longcat_flash" else 1,
+            kv_cache_groups=kv_cache_config.kv_cache_groups,
+            layer_kv_caches=map_kv_caches_to_kernel_blocks(caches, groups),
+        )
+        return caches
+
+    def capture_model(self) -> int:
+        return self.kernel_plan.graph.capture(self, super().capture_model)  # type: ignore[misc]
+
+    # -- reporting ----------------------------------------------------------------
+
+    def kernel_report(self) -> dict[str, Any]:
+        report = self.kernel.report()
+        report["kv_cache"] = self.kernel_kv_report.as_dict()
+        report["trace"] = self.kernel_trace.as_dict()
+        report["sampler_class"] = type(self.sampler).__module__ + "." + type(self.sampler).__qualname__
+        drafter = getattr(self, "drafter", None)
+        report["drafter_class"] = (type(drafter).__module__ + "." + type(drafter).__qualname__) if drafter else None
+        return report

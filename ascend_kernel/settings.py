@@ -1,0 +1,190 @@
+"""Typed settings: the only place that reads ``ASCEND_KERNEL_*`` variables.
+
+Precedence is ``additional_config["ascend_kernel"]`` (per engine) > environment
+(per process) > default. A bad value stops start-up with a :class:`SettingsError`
+that names the variable (or additional_config key), the value and what is
+allowed. Nothing else in the project calls ``os.getenv``: it asks for a
+:class:`KernelSettings`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal, Mapping
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from typing_extensions import Annotated
+
+from ascend_kernel.errors import SettingsError
+
+ENV_PREFIX = "ASCEND_KERNEL_"
+ADDITIONAL_CONFIG_KEY = "ascend_kernel"
+AUTO = "auto"
+
+NameList = Annotated[tuple[str, ...] | None, NoDecode]
+
+
+def _split_names(value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",")]
+    else:
+        items = [str(v).strip() for v in value]
+    return tuple(normalise_name(v) for v in items if v)
+
+
+def normalise_name(name: str) -> str:
+    """Implementation and plugin names compare case-insensitively, ``_`` == ``-``."""
+    return name.strip().lower().replace("_", "-")
+
+
+class KernelSettings(BaseSettings):
+    """Every knob of the kernel, typed. ``ascend-kernel settings`` lists them."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True
+    )
+
+    # -- where to run -------------------------------------------------------
+    device: Literal["auto", "npu", "cpu"] = Field(
+        AUTO,
+        description="Device: npu (needs torch_npu and a visible NPU), cpu (vLLM's CPU "
+        "platform with the kernel), auto (npu when present, else the kernel stays off).",
+    )
+    ops_provider: Literal["auto", "torch_npu", "reference"] = Field(
+        AUTO, description="Kernel provider for the ops seam: torch_npu on NPU, reference (pure torch) elsewhere."
+    )
+    soc: Literal["auto", "A2", "A3", "310P"] = Field(
+        AUTO, description="Ascend SoC generation; auto asks the device. Forcing it lets explain show NPU policies on a CPU host."
+    )
+
+    # -- plugin selection ---------------------------------------------------
+    plugins: NameList = Field(
+        None, description="Allowlist of plugin names (comma separated); unset means all installed plugins."
+    )
+    disable_plugins: NameList = Field(
+        (), description="Denylist of plugin names (comma separated)."
+    )
+    trace_plugins: bool = Field(False, description="Log every pluggy hook call (start-up only; the decode loop makes none).")
+
+    # -- family-forcing names (auto = highest-priority supported implementation)
+    attention_backend: str = Field(AUTO, description="Force the attention backend by name.")
+    attention_state: str = Field(AUTO, description="Force the per-step attention-state policy by name.")
+    attention_mask: str = Field(AUTO, description="Force the attention mask builder by name.")
+    kv_cache_layout: str = Field(AUTO, description="Force the KV-cache layout by name (for the specs it handles).")
+    moe_comm: str = Field(AUTO, description="Force the MoE communication policy by name.")
+    drafter: str = Field(AUTO, description="Force the speculative-decoding drafter by name.")
+    sampler: str = Field(AUTO, description="Force the sampler by name.")
+    rejection_sampler: str = Field(AUTO, description="Force the rejection sampler by name.")
+    graph_mode: str = Field(AUTO, description="Force the graph-capture mode by name.")
+
+    # -- feature toggles (typed replacements of the seeds' VLLM_ASCEND_* env vars)
+    enable_topk_topp_optimization: bool = Field(
+        False, description="Use the Ascend top-k/top-p sampler where a plugin provides it."
+    )
+    enable_dbo: bool = Field(False, description="Dual-batch overlap (MLA models).")
+    enable_prefetch_mlp: bool = Field(False, description="Prefetch MLP weights on a side stream.")
+    enable_fused_mc2: bool = Field(False, description="Use the fused MC2 MoE kernel.")
+    enable_mc2_hierarchy_comm: bool = Field(
+        False, description="Hierarchical MC2 communication (incompatible with fused MC2)."
+    )
+    mc2_min_world_size: int = Field(
+        16, ge=1, description="On A2, MC2 is used only when the DP x TP world has at least this many ranks."
+    )
+    kv_transfer_alignment_bytes: int = Field(
+        2 * 1024 * 1024,
+        ge=1,
+        description="Alignment of every KV tensor when a KV-transfer (PD) config is present (llmdatadist needs 2 MiB).",
+    )
+
+    @field_validator("plugins", "disable_plugins", mode="before")
+    @classmethod
+    def _names(cls, value: Any) -> tuple[str, ...] | None:
+        return _split_names(value)
+
+    @field_validator(
+        "attention_backend", "attention_state", "attention_mask", "kv_cache_layout",
+        "moe_comm", "drafter", "sampler", "rejection_sampler", "graph_mode",
+    )
+    @classmethod
+    def _forced_name(cls, value: str) -> str:
+        if not value or not value.strip():
+            raise ValueError("must be a non-empty implementation name or 'auto'")
+        return normalise_name(value)
+
+    def forced(self, field: str) -> str | None:
+        """The name a family-forcing setting asks for, or None for ``auto``."""
+        value = getattr(self, field)
+        return None if value == AUTO else value
+
+    @staticmethod
+    def env_name(field: str) -> str:
+        return ENV_PREFIX + field.upper()
+
+
+def _source_of(field: str, overrides: Mapping[str, Any]) -> str:
+    if field in overrides:
+        return f'additional_config["{ADDITIONAL_CONFIG_KEY}"]["{field}"]'
+    return KernelSettings.env_name(field)
+
+
+def _describe(error: dict[str, Any], overrides: Mapping[str, Any]) -> str:
+    loc = [str(part) for part in error.get("loc", ())]
+    field = loc[0] if loc else "?"
+    if error.get("type") == "extra_forbidden":
+        known = ", ".join(sorted(KernelSettings.model_fields))
+        return (
+            f'unknown setting additional_config["{ADDITIONAL_CONFIG_KEY}"]["{field}"]; '
+            f"known settings: {known}"
+        )
+    source = _source_of(field, overrides)
+    value = overrides.get(field) if field in overrides else os.environ.get(KernelSettings.env_name(field))
+    return f"{source}={value!r} is not allowed: {error.get('msg', 'invalid value')}"
+
+
+def load_settings(additional_config: Mapping[str, Any] | None = None) -> KernelSettings:
+    """Build the settings for one engine: additional_config > env > default.
+
+    ``additional_config`` is vLLM's ``VllmConfig.additional_config`` (the whole
+    dict); only its ``"ascend_kernel"`` entry is read.
+    """
+    overrides: Mapping[str, Any] = {}
+    if additional_config:
+        section = additional_config.get(ADDITIONAL_CONFIG_KEY) or {}
+        if not isinstance(section, Mapping):
+            raise SettingsError(
+                f'additional_config["{ADDITIONAL_CONFIG_KEY}"] must be a mapping of setting '
+                f"names to values, got {type(section).__name__}"
+            )
+        overrides = dict(section)
+    try:
+        return KernelSettings(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(_describe(e, overrides) for e in exc.errors())
+        raise SettingsError(f"Invalid ascend-kernel setting: {problems}.") from None
+
+
+def env_requests_kernel() -> bool:
+    """True when any ``ASCEND_KERNEL_*`` variable is set (used to fail loudly, not silently)."""
+    return any(key.startswith(ENV_PREFIX) for key in os.environ)
+
+
+def describe_settings(settings: KernelSettings | None = None) -> list[dict[str, Any]]:
+    """One row per setting: name, type, default, env var, current value."""
+    rows = []
+    for name, field in KernelSettings.model_fields.items():
+        annotation = field.annotation
+        type_name = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+        rows.append(
+            {
+                "name": name,
+                "type": type_name,
+                "default": field.default,
+                "env": KernelSettings.env_name(name),
+                "value": getattr(settings, name) if settings is not None else None,
+                "description": field.description or "",
+            }
+        )
+    return rows

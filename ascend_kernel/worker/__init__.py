@@ -1,0 +1,1 @@
+"""Workers: vLLM's workers, building the kernel runner and answering report RPCs."""

@@ -1,0 +1,1 @@
+"""Attention family: backend choice, per-step attention state, masks."""

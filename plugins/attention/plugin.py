@@ -1,0 +1,48 @@
+"""The attention plugin: state policy, mask builder and the vLLM-native backend."""
+
+from __future__ import annotations
+
+from ascend_kernel.hookspecs import hookimpl
+from ascend_kernel.registry import Implementation
+
+ASCEND_KERNEL_ESSENTIAL = "the runner needs an attention-state policy and a mask builder every step"
+
+
+@hookimpl
+def ascend_kernel_attention_state_policies() -> list[Implementation]:
+    return [
+        Implementation(
+            family="attention_state",
+            name="standard",
+            factory="ascend_kernel_plugins.attention.states:StandardStatePolicy.from_context",
+            description="Ascend's five states: PrefillNoCache, PrefillCacheHit, DecodeOnly, "
+            "ChunkedPrefill, SpecDecoding",
+        )
+    ]
+
+
+@hookimpl
+def ascend_kernel_attention_masks() -> list[Implementation]:
+    return [
+        Implementation(
+            family="attention_mask",
+            name="standard",
+            factory="ascend_kernel_plugins.attention.masks:AttentionMaskBuilder.from_context",
+            description="causal / split-fuse / fixed 128 / pooling masks from growing caches",
+        )
+    ]
+
+
+@hookimpl
+def ascend_kernel_attention_backends() -> list[Implementation]:
+    from ascend_kernel_plugins.attention.backends import VllmNativeBackendProvider, vllm_native_supported
+
+    return [
+        Implementation(
+            family="attention_backend",
+            name="vllm-native",
+            factory=lambda ctx: VllmNativeBackendProvider(),
+            supports=vllm_native_supported,
+            description="the base platform's own backend (CPU attention / CPU MLA on a CPU host)",
+        )
+    ]

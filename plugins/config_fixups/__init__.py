@@ -1,0 +1,1 @@
+"""Config fix-ups: reset vLLM options that are GPU-specific or wrong on the target device."""

@@ -1,0 +1,1 @@
+"""Graph-capture family: eager, or ACL graphs on an NPU."""

@@ -1,0 +1,1 @@
+"""KV-cache family: one layout plugin per KV-cache spec kind."""

@@ -1,0 +1,1 @@
+"""MoE communication family: which collective moves tokens to experts, per batch."""

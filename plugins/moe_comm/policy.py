@@ -1,0 +1,102 @@
+"""The Ascend MoE communication policy.
+
+Without expert parallelism every rank holds every expert, so tokens are
+all-gathered. With expert parallelism the choice depends on the SoC and the
+batch: MC2 (fused dispatch/combine) while the batch fits its token capacity,
+else all-gather on A2 (faster than all-to-all there; all-to-all for w4a8
+weights, which all-gather EP cannot serve) and all-to-all on A3. A prefill
+batch that would all-gather uses naive multicast unless sequence parallelism
+is on. PanguProMoE only supports all-gather.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ALLGATHER = "allgather"
+MC2 = "mc2"
+ALLTOALL = "alltoall"
+NAIVE_MULTICAST = "naive_multicast"
+
+#: graph capture never exceeds this many tokens, so neither does MC2's buffer
+MC2_TOKEN_CAP = 512
+
+
+def is_moe_model(vllm_config: Any) -> bool:
+    model = vllm_config.model_config
+    return bool(model is not None and model.is_moe)
+
+
+def mc2_tokens_capacity(vllm_config: Any) -> int:
+    """Largest batch MC2 serves: the largest graph size, rounded up to a multiple of TP."""
+    capture_sizes = vllm_config.compilation_config.cudagraph_capture_sizes
+    if capture_sizes:
+        max_tokens = max(capture_sizes)
+    else:
+        spec = vllm_config.speculative_config
+        decode_len = 1 + (spec.num_speculative_tokens if spec is not None else 0)
+        max_tokens = min(vllm_config.scheduler_config.max_num_seqs * decode_len, MC2_TOKEN_CAP)
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    return -(-max_tokens // tp) * tp
+
+
+class AscendMoECommPolicy:
+    """Per-batch method choice; all config facts are read once at build time."""
+
+    __slots__ = ("is_moe", "expert_parallel", "soc", "capacity", "world_size", "min_mc2_world",
+                 "w4a8", "allgather_only", "sequence_parallel")
+
+    def __init__(self, *, is_moe: bool, expert_parallel: bool, soc: str | None, capacity: int,
+                 world_size: int, min_mc2_world: int, w4a8: bool, allgather_only: bool,
+                 sequence_parallel: bool) -> None:
+        self.is_moe = is_moe
+        self.expert_parallel = expert_parallel
+        self.soc = soc
+        self.capacity = capacity
+        self.world_size = world_size
+        self.min_mc2_world = min_mc2_world
+        self.w4a8 = w4a8
+        self.allgather_only = allgather_only
+        self.sequence_parallel = sequence_parallel
+
+    @classmethod
+    def from_context(cls, ctx: Any) -> "AscendMoECommPolicy":
+        cfg = ctx.vllm_config
+        hf = cfg.model_config.hf_config if cfg.model_config is not None else None
+        pass_config = cfg.compilation_config.pass_config
+        return cls(
+            is_moe=is_moe_model(cfg),
+            expert_parallel=bool(cfg.parallel_config.enable_expert_parallel),
+            soc=ctx.device.soc,
+            capacity=mc2_tokens_capacity(cfg),
+            world_size=cfg.parallel_config.world_size_across_dp,
+            min_mc2_world=ctx.settings.mc2_min_world_size,
+            w4a8=getattr(hf, "moe_quantize", None) == "w4a8_dynamic",
+            allgather_only=getattr(hf, "model_type", None) == "PanguProMoE",
+            sequence_parallel=bool(getattr(pass_config, "enable_sp", False)),
+        )
+
+    def select(self, num_tokens: int, with_prefill: bool) -> str | None:
+        if not self.is_moe:
+            return None
+        if self.allgather_only:
+            return ALLGATHER
+        if not self.expert_parallel:
+            method = ALLGATHER
+        elif self.soc == "A3":
+            method = MC2 if num_tokens <= self.capacity else ALLTOALL
+        elif num_tokens <= self.capacity and self.world_size >= self.min_mc2_world:
+            method = MC2
+        else:
+            method = ALLTOALL if self.w4a8 else ALLGATHER
+        if method == ALLGATHER and with_prefill and not self.sequence_parallel:
+            return NAIVE_MULTICAST
+        return method
+
+
+def supports(ctx: Any) -> str | None:
+    cfg = ctx.vllm_config
+    if is_moe_model(cfg) and cfg.parallel_config.enable_expert_parallel and ctx.device.soc not in ("A2", "A3"):
+        return (f"expert-parallel MoE communication needs an A2 or A3 SoC (device {ctx.device.kind}, "
+                f"soc {ctx.device.soc}); set ASCEND_KERNEL_SOC to plan for one")
+    return None

@@ -1,0 +1,1 @@
+"""Sampling family: the sampler and the rejection sampler."""

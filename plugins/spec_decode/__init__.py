@@ -1,0 +1,1 @@
+"""Speculative-decoding family: one drafter per ``speculative_config.method``."""
