@@ -1,0 +1,82 @@
+"""Shared pieces of the end-to-end tests: the tiny model, CLI runs, the HF oracle.
+
+vLLM fixes its platform when first imported in a process, so every engine
+(kernel or stock) runs in its own subprocess through the ``ascend-kernel`` CLI,
+exactly as a user would run it; the Hugging Face oracle runs in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "ascend_kernel.cli.main"]
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, there was a little",
+    "the quick brown fox jumps over the lazy dog and the quick brown fox",
+]
+ENGINE_TIMEOUT_S = 600
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_KERNEL_")}
+    env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    env.update(extra)
+    return env
+
+
+def run_cli(args: list[str], env: dict[str, str] | None = None, expect_rc: int = 0) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*CLI, *args], cwd=REPO, env=env or clean_env(), capture_output=True, text=True,
+                          timeout=ENGINE_TIMEOUT_S)
+    if proc.returncode != expect_rc:
+        raise AssertionError(f"ascend-kernel {' '.join(args)} exited {proc.returncode} (wanted {expect_rc})\n"
+                             f"--- stderr tail ---\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def generate(model: Path, *extra: str, env: dict[str, str] | None = None, max_tokens: int = 12,
+             prompts: list[str] = PROMPTS) -> dict[str, Any]:
+    args = ["generate", "--json", "--model", str(model), "--max-tokens", str(max_tokens)]
+    for p in prompts:
+        args += ["--prompt", p]
+    proc = run_cli([*args, *extra], env=env)
+    return json.loads(proc.stdout[proc.stdout.index("{"):])
+
+
+def hf_greedy(model: Path, prompt_token_ids: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Transformers' own greedy generation: the independent oracle."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    hf = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.float32)
+    hf.eval()
+    out = []
+    with torch.no_grad():
+        for ids in prompt_token_ids:
+            x = torch.tensor([ids])
+            # No EOS: like vLLM's ignore_eos, the argmax is taken even when it is EOS.
+            config = GenerationConfig(do_sample=False, max_new_tokens=max_tokens, eos_token_id=None,
+                                      pad_token_id=0, bos_token_id=None)
+            y = hf.generate(x, attention_mask=torch.ones_like(x), generation_config=config)
+            out.append(y[0, len(ids):].tolist())
+    return out
+
+
+def tokens(result: dict[str, Any]) -> list[list[int]]:
+    return [o["token_ids"] for o in result["outputs"]]
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ascend_kernel.tiny_models import create_tiny_model
+
+    return create_tiny_model("llama", tmp_path_factory.mktemp("models") / "llama", seed=0)
