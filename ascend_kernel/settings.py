@@ -30,8 +30,10 @@ def _split_names(value: Any) -> tuple[str, ...] | None:
         return None
     if isinstance(value, str):
         items = [v.strip() for v in value.split(",")]
-    else:
+    elif isinstance(value, (list, tuple, set, frozenset)):
         items = [str(v).strip() for v in value]
+    else:
+        raise ValueError("must be a comma-separated string or a list of plugin names")
     return tuple(normalise_name(v) for v in items if v)
 
 
@@ -99,10 +101,15 @@ class KernelSettings(BaseSettings):
         description="Alignment of every KV tensor when a KV-transfer (PD) config is present (llmdatadist needs 2 MiB).",
     )
 
-    @field_validator("plugins", "disable_plugins", mode="before")
+    @field_validator("plugins", mode="before")
     @classmethod
-    def _names(cls, value: Any) -> tuple[str, ...] | None:
+    def _allow_names(cls, value: Any) -> tuple[str, ...] | None:
         return _split_names(value)
+
+    @field_validator("disable_plugins", mode="before")
+    @classmethod
+    def _deny_names(cls, value: Any) -> tuple[str, ...]:
+        return _split_names(value) or ()
 
     @field_validator(
         "attention_backend", "attention_state", "attention_mask", "kv_cache_layout",
@@ -124,6 +131,14 @@ class KernelSettings(BaseSettings):
         return ENV_PREFIX + field.upper()
 
 
+def _env_value(name: str) -> str | None:
+    """pydantic-settings matches env names case-insensitively; so must the messages."""
+    for key, value in os.environ.items():
+        if key.upper() == name:
+            return value
+    return None
+
+
 def _source_of(field: str, overrides: Mapping[str, Any]) -> str:
     if field in overrides:
         return f'additional_config["{ADDITIONAL_CONFIG_KEY}"]["{field}"]'
@@ -140,7 +155,7 @@ def _describe(error: dict[str, Any], overrides: Mapping[str, Any]) -> str:
             f"known settings: {known}"
         )
     source = _source_of(field, overrides)
-    value = overrides.get(field) if field in overrides else os.environ.get(KernelSettings.env_name(field))
+    value = overrides.get(field) if field in overrides else _env_value(KernelSettings.env_name(field))
     return f"{source}={value!r} is not allowed: {error.get('msg', 'invalid value')}"
 
 
@@ -168,7 +183,7 @@ def load_settings(additional_config: Mapping[str, Any] | None = None) -> KernelS
 
 def env_requests_kernel() -> bool:
     """True when any ``ASCEND_KERNEL_*`` variable is set (used to fail loudly, not silently)."""
-    return any(key.startswith(ENV_PREFIX) for key in os.environ)
+    return any(key.upper().startswith(ENV_PREFIX) for key in os.environ)
 
 
 def describe_settings(settings: KernelSettings | None = None) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ printed as one paragraph with exit status 2, not as a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Any, Sequence
@@ -92,6 +93,11 @@ def _report_text(report: dict[str, Any] | None) -> str:
     parts = [f"device: {report['device']}", decisions_table(report)]
     if report.get("kv_cache"):
         parts.append(kv_table(report))
+    if report.get("trace"):
+        t = report["trace"]
+        parts.append(f"step trace: {t['steps']} steps, attention states {t['attention_states']}, "
+                     f"MoE methods {t['moe_methods'] or '-'}, sampler calls {t['sampler_calls']}, "
+                     f"rejection-sampler calls {t['rejection_sampler_calls']}, drafter calls {t['drafter_calls']}")
     if report.get("config_changes"):
         parts.append("config changes:\n" + "\n".join(
             f"  {c['path']}: {c['old']} -> {c['new']} ({c['plugin']}: {c['reason']})" for c in report["config_changes"]))
@@ -102,11 +108,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from ascend_kernel.cli import engine
 
     engine.prepare_process(kernel=True)
-    llm = engine.build_llm(_engine_request(args, kernel=True))
-    try:
-        report = engine.kernel_report(llm)
-    finally:
-        engine.shutdown(llm)
+    with contextlib.redirect_stdout(sys.stderr):  # vLLM logs to stdout; ours stays clean
+        llm = engine.build_llm(_engine_request(args, kernel=True))
+        try:
+            report = engine.kernel_report(llm)
+        finally:
+            engine.shutdown(llm)
     if report is None:
         raise KernelError("the engine did not start on the kernel platform (is another platform plugin active?)")
     report.pop("trace", None)
@@ -118,15 +125,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from ascend_kernel.cli import engine
 
     device = engine.prepare_process(kernel=not args.stock)
-    from vllm import SamplingParams
-
-    llm = engine.build_llm(_engine_request(args, kernel=not args.stock))
     prompts = args.prompt or list(DEFAULT_PROMPTS)
-    try:
-        outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True))
-        report = engine.kernel_report(llm)
-    finally:
-        engine.shutdown(llm)
+    with contextlib.redirect_stdout(sys.stderr):  # vLLM logs to stdout; ours stays clean
+        from vllm import SamplingParams
+
+        llm = engine.build_llm(_engine_request(args, kernel=not args.stock))
+        try:
+            params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+            outputs = llm.generate(prompts, params)
+            report = engine.kernel_report(llm)
+        finally:
+            engine.shutdown(llm)
     results = [{"prompt": p, "prompt_token_ids": list(o.prompt_token_ids), "token_ids": list(o.outputs[0].token_ids),
                 "text": o.outputs[0].text} for p, o in zip(prompts, outputs)]
     text = _report_text(report) + "\n\n" + "\n".join(

@@ -1,0 +1,160 @@
+"""The Ascend MoE communication policy and the MC2 token capacity."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from ascend_kernel.device import DeviceInfo
+from ascend_kernel_plugins.moe_comm.policy import (
+    ALLGATHER,
+    ALLTOALL,
+    MC2,
+    MC2_TOKEN_CAP,
+    NAIVE_MULTICAST,
+    AscendMoECommPolicy,
+    mc2_tokens_capacity,
+    supports,
+)
+
+CAP = 64
+
+
+def policy(**over):
+    kw = dict(is_moe=True, expert_parallel=True, soc="A3", capacity=CAP, world_size=16, min_mc2_world=16,
+              w4a8=False, allgather_only=False, sequence_parallel=False)
+    kw.update(over)
+    return AscendMoECommPolicy(**kw)
+
+
+TABLE = [
+    # (id, policy overrides, num_tokens, with_prefill, expected)
+    ("dense", dict(is_moe=False), 8, False, None),
+    ("dense-prefill", dict(is_moe=False, expert_parallel=False), 999, True, None),
+    ("no-ep", dict(expert_parallel=False), 8, False, ALLGATHER),
+    ("no-ep-big", dict(expert_parallel=False), 10_000, False, ALLGATHER),
+    ("no-ep-prefill", dict(expert_parallel=False), 8, True, NAIVE_MULTICAST),
+    ("no-ep-prefill-sp", dict(expert_parallel=False, sequence_parallel=True), 8, True, ALLGATHER),
+    ("a3-small", dict(soc="A3"), 1, False, MC2),
+    ("a3-at-cap", dict(soc="A3"), CAP, False, MC2),
+    ("a3-above-cap", dict(soc="A3"), CAP + 1, False, ALLTOALL),
+    ("a3-prefill-small", dict(soc="A3"), 8, True, MC2),
+    ("a3-prefill-big", dict(soc="A3"), 4096, True, ALLTOALL),
+    ("a3-small-world", dict(soc="A3", world_size=2), 8, False, MC2),  # world size only matters on A2
+    ("a3-w4a8-above", dict(soc="A3", w4a8=True), CAP + 1, False, ALLTOALL),
+    ("a2-at-cap", dict(soc="A2"), CAP, False, MC2),
+    ("a2-above-cap", dict(soc="A2"), CAP + 1, False, ALLGATHER),
+    ("a2-above-cap-prefill", dict(soc="A2"), CAP + 1, True, NAIVE_MULTICAST),
+    ("a2-above-cap-prefill-sp", dict(soc="A2", sequence_parallel=True), CAP + 1, True, ALLGATHER),
+    ("a2-small-world", dict(soc="A2", world_size=15), 8, False, ALLGATHER),
+    ("a2-world-at-min", dict(soc="A2", world_size=16), 8, False, MC2),
+    ("a2-custom-min", dict(soc="A2", world_size=4, min_mc2_world=4), 8, False, MC2),
+    ("a2-w4a8-above", dict(soc="A2", w4a8=True), CAP + 1, False, ALLTOALL),
+    ("a2-w4a8-small-world", dict(soc="A2", w4a8=True, world_size=8), 8, True, ALLTOALL),
+    ("a2-w4a8-at-cap", dict(soc="A2", w4a8=True), CAP, False, MC2),
+    ("pangu-ep", dict(allgather_only=True), 8, False, ALLGATHER),
+    ("pangu-ep-big", dict(allgather_only=True, soc="A3"), 10_000, False, ALLGATHER),
+    ("pangu-prefill", dict(allgather_only=True), 8, True, ALLGATHER),
+    ("pangu-no-ep-prefill", dict(allgather_only=True, expert_parallel=False), 8, True, ALLGATHER),
+    ("pangu-dense", dict(allgather_only=True, is_moe=False), 8, False, None),
+]
+
+
+@pytest.mark.parametrize(("over", "tokens", "prefill", "expected"),
+                         [row[1:] for row in TABLE], ids=[row[0] for row in TABLE])
+def test_select(over, tokens, prefill, expected):
+    assert policy(**over).select(tokens, prefill) == expected
+
+
+@pytest.mark.parametrize("soc", ["A2", "A3"])
+def test_capacity_boundary(soc):
+    p = policy(soc=soc, capacity=128)
+    assert [p.select(n, False) for n in (127, 128)] == [MC2, MC2]
+    assert p.select(129, False) != MC2
+
+
+# -- mc2_tokens_capacity ---------------------------------------------------------------
+
+
+def cfg(capture_sizes=None, max_num_seqs=256, num_spec=None, tp=1):
+    return SimpleNamespace(
+        compilation_config=SimpleNamespace(cudagraph_capture_sizes=capture_sizes),
+        speculative_config=SimpleNamespace(num_speculative_tokens=num_spec) if num_spec is not None else None,
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp),
+    )
+
+
+@pytest.mark.parametrize(
+    ("kw", "expected"),
+    [
+        (dict(max_num_seqs=256), 256),  # min(256, 512)
+        (dict(max_num_seqs=512, num_spec=1), MC2_TOKEN_CAP),  # min(1024, 512)
+        (dict(max_num_seqs=1024), 512),
+        (dict(max_num_seqs=100), 100),
+        (dict(max_num_seqs=100, num_spec=2), 300),  # 100 * (1 + 2)
+        (dict(max_num_seqs=200, num_spec=3), 512),  # 800 capped at 512
+        (dict(max_num_seqs=100, tp=8), 104),  # 100 rounded up to a multiple of 8
+        (dict(max_num_seqs=96, tp=8), 96),  # already a multiple
+        (dict(max_num_seqs=5, num_spec=1, tp=4), 12),  # 10 -> 12
+        (dict(capture_sizes=[1, 2, 4, 8, 24]), 24),
+        (dict(capture_sizes=[24, 8, 4, 2, 1]), 24),  # the largest, in any order
+        (dict(capture_sizes=[1, 2, 4, 8, 24], max_num_seqs=4, num_spec=5), 24),  # capture sizes win
+        (dict(capture_sizes=[1, 2, 4, 8, 24], tp=16), 32),
+        (dict(capture_sizes=[1000]), 1000),  # not capped: capture sizes are authoritative
+        (dict(capture_sizes=[], max_num_seqs=7), 7),  # empty list means none
+    ],
+)
+def test_mc2_tokens_capacity(kw, expected):
+    got = mc2_tokens_capacity(cfg(**kw))
+    assert got == expected
+    assert got % kw.get("tp", 1) == 0
+
+
+# -- from_context / supports --------------------------------------------------------------
+
+
+def vllm_config(is_moe=True, ep=True, model_type="deepseek_v3", moe_quantize=None, enable_sp=False,
+                world=32, tp=4):
+    hf = SimpleNamespace(model_type=model_type)
+    if moe_quantize is not None:
+        hf.moe_quantize = moe_quantize
+    return SimpleNamespace(
+        model_config=SimpleNamespace(is_moe=is_moe, hf_config=hf),
+        parallel_config=SimpleNamespace(enable_expert_parallel=ep, world_size_across_dp=world,
+                                        tensor_parallel_size=tp),
+        compilation_config=SimpleNamespace(cudagraph_capture_sizes=[1, 2, 4, 8, 16, 30],
+                                           pass_config=SimpleNamespace(enable_sp=enable_sp)),
+        speculative_config=None,
+        scheduler_config=SimpleNamespace(max_num_seqs=64),
+    )
+
+
+def ctx(config, soc="A2", kind="npu", min_world=16):
+    return SimpleNamespace(vllm_config=config, device=DeviceInfo(kind=kind, soc=soc),
+                           settings=SimpleNamespace(mc2_min_world_size=min_world))
+
+
+def test_from_context_reads_every_fact():
+    p = AscendMoECommPolicy.from_context(ctx(vllm_config(moe_quantize="w4a8_dynamic", enable_sp=True), min_world=8))
+    assert (p.is_moe, p.expert_parallel, p.soc) == (True, True, "A2")
+    assert p.capacity == 32  # largest capture size 30, rounded up to TP 4
+    assert (p.world_size, p.min_mc2_world) == (32, 8)
+    assert (p.w4a8, p.allgather_only, p.sequence_parallel) == (True, False, True)
+    assert p.select(32, False) == MC2 and p.select(33, False) == ALLTOALL
+
+
+def test_from_context_pangu_and_dense():
+    p = AscendMoECommPolicy.from_context(ctx(vllm_config(model_type="PanguProMoE"), soc="A3"))
+    assert p.allgather_only and p.select(1, False) == ALLGATHER
+    dense = AscendMoECommPolicy.from_context(ctx(vllm_config(is_moe=False)))
+    assert dense.select(1, False) is None
+
+
+def test_supports():
+    assert supports(ctx(vllm_config(), soc="A3")) is None
+    assert supports(ctx(vllm_config(ep=False), soc=None, kind="cpu")) is None
+    assert supports(ctx(vllm_config(is_moe=False), soc=None, kind="cpu")) is None
+    reason = supports(ctx(vllm_config(), soc=None, kind="cpu"))
+    assert reason is not None and "A2 or A3" in reason and "ASCEND_KERNEL_SOC" in reason
