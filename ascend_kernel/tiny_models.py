@@ -1,0 +1,363 @@
+"""Small random-weight Hugging Face models, built locally, for offline tests and demos.
+
+The end-to-end tests compare vLLM against transformers token by token, and the
+hosts that run them have no network. So every model here is written from
+nothing: a byte-level BPE tokenizer trained on a short embedded English text,
+a config small enough to build in a second, and weights drawn from a seeded
+generator so that the same ``arch`` and ``seed`` always give the same bytes.
+
+The configs are small but not arbitrary: vLLM's CPU attention only accepts
+some head sizes (64 works, 16 does not), and its CPU MLA path needs DeepSeek's
+real latent sizes (``kv_lora_rank=512``, ``qk_rope_head_dim=64``). Weights are
+drawn wider than a real model's init (std 0.2) so that greedy decoding gives
+varied tokens with clear margins instead of one token repeated or near-ties
+that float rounding could flip.
+
+Typical use::
+
+    from ascend_kernel.tiny_models import create_tiny_model, tiny_model_cache_dir
+    path = create_tiny_model("llama", tiny_model_cache_dir("llama"))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+#: Architectures :func:`create_tiny_model` can build.
+SUPPORTED_ARCHS: tuple[str, ...] = ("llama", "deepseek_v2", "qwen2_moe", "mamba2")
+
+#: Weight dtypes accepted for ``dtype`` (float32 is the one the tests compare in).
+SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
+#: Default parent of cached models (relative: resolved against the working directory).
+DEFAULT_CACHE_BASE = Path(".cache/tiny-models")
+
+#: Name of the marker that says a directory holds a finished tiny model, and which one.
+MARKER_NAME = "tiny_model.json"
+
+#: Bumped whenever the recipe changes, so stale cached models are rebuilt.
+RECIPE_VERSION = 1
+
+#: Std of the normal every weight matrix is drawn from (norm weights are ones).
+INIT_STD = 0.2
+
+#: Target vocabulary of the BPE tokenizer; the corpus decides the exact size.
+TOKENIZER_VOCAB_TARGET = 1000
+
+MAX_POSITIONS = 512
+
+SPECIAL_TOKENS: dict[str, str] = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
+
+#: Simple role-prefixed chat format, so ``LLM.chat`` and ``apply_chat_template`` work too.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+# Written for this module: plain English across common topics, so ordinary prompts
+# ("The capital of France is", "Once upon a time") split into whole-word tokens.
+_CORPUS = """\
+The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is Rome.
+The capital of Spain is Madrid. The capital of Japan is Tokyo. The capital of England is London.
+Paris is a large city on the river Seine, and many people visit it every year to see the museums.
+Once upon a time, there was a little girl who lived in a small house near the forest with her mother.
+Once upon a time, there was a little boy who wanted to see the sea, so he walked for many days.
+Every morning the little girl went to the river to get water, and every evening she read a book.
+One day she found a small bird under a tree. The bird could not fly, so she took it home and cared for it.
+After a week the bird was strong again. It sang a happy song and flew back into the bright blue sky.
+The quick brown fox jumps over the lazy dog. The lazy dog did not move, and the quick brown fox ran away.
+The quick brown fox jumps over the lazy dog and the quick brown fox jumps again over the sleeping cat.
+A computer is a machine that can follow a list of instructions called a program. Programs are written
+by people in languages such as Python, and a model is a program that learns from data to make predictions.
+Large language models read text as tokens and predict the next token, one step at a time, until they stop.
+The weather today is warm and sunny, but tomorrow it will be cold, with rain in the morning and wind at night.
+In the spring the trees grow new green leaves, in the summer the days are long, and in the winter it snows.
+My favourite food is bread with cheese, and my brother likes apples, oranges, rice and fresh fish from the market.
+The students sat in the classroom and listened to their teacher, who explained why the earth goes around the sun.
+Water boils at one hundred degrees and freezes at zero degrees. The moon is smaller than the earth.
+There are seven days in a week and twelve months in a year. The first month is January and the last is December.
+He opened the door, looked outside, and said that the train would arrive at the station in ten minutes.
+She asked what time it was, and he answered that it was almost four o'clock in the afternoon.
+Science helps us understand the world: how plants grow, why the sky is blue, and what the stars are made of.
+Music, art and stories have been part of human life for thousands of years, in every country and culture.
+The old man sat by the window, drank his tea, and remembered the summer when he first learned to swim.
+If you want to learn something new, start with small steps, practice every day, and do not be afraid to ask.
+Numbers like one, two, three, four, five, six, seven, eight, nine and ten are used to count things.
+The dog barked at the postman, the cat slept on the warm chair, and the children played games in the garden.
+We went to the mountains for a holiday, climbed to the top, and saw the whole valley below us in the light.
+"""
+
+
+def tiny_model_cache_dir(arch: str, seed: int = 0, base: str | Path = DEFAULT_CACHE_BASE) -> Path:
+    """Default directory for one cached model: ``<base>/<arch>-seed<seed>``.
+
+    One directory per (arch, seed) so several models can be cached side by side
+    and :func:`create_tiny_model` can reuse them across runs.
+    """
+    return Path(base) / f"{arch}-seed{seed}"
+
+
+def create_tiny_model(arch: str, out_dir: str | Path, *, seed: int = 0, dtype: str = "float32") -> Path:
+    """Write (or reuse) a random-weight model for ``arch`` at ``out_dir`` and return its path.
+
+    The directory holds ``config.json``, ``model.safetensors``, the tokenizer
+    files, ``generation_config.json`` and a :data:`MARKER_NAME` marker, and
+    loads offline in both transformers and vLLM. A directory whose marker
+    already names this arch, seed, dtype and recipe is returned untouched; a
+    tiny model built with other settings is replaced; any other non-empty
+    directory is refused (it is not ours to overwrite). The model is built in a
+    temporary sibling and renamed into place, so readers never see a half
+    written model.
+    """
+    if arch not in _BUILDERS:
+        raise ValueError(f"unknown tiny-model arch {arch!r}; allowed: {', '.join(SUPPORTED_ARCHS)}")
+    if dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"unsupported tiny-model dtype {dtype!r}; allowed: {', '.join(SUPPORTED_DTYPES)}")
+    out = Path(out_dir)
+    wanted = {"arch": arch, "seed": int(seed), "dtype": dtype, "recipe": RECIPE_VERSION}
+    if _marker(out) == wanted:
+        return out
+    if out.exists() and _marker(out) is None and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists and is not a tiny model; refusing to overwrite it")
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    try:
+        _build(arch, tmp, seed=int(seed), dtype=dtype)
+        (tmp / MARKER_NAME).write_text(json.dumps(wanted, indent=2, sort_keys=True) + "\n")
+        _normalise_permissions(tmp)
+        _move_into_place(tmp, out, wanted)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _marker(path: Path) -> dict[str, Any] | None:
+    """The marker of a finished tiny model at ``path``, or None when there is none."""
+    try:
+        return json.loads((path / MARKER_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _normalise_permissions(path: Path) -> None:
+    """Give the model ordinary permissions (mkdtemp and some writers use owner-only modes)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o777 & ~umask)
+    for child in path.iterdir():
+        child.chmod(0o666 & ~umask)
+
+
+def _move_into_place(tmp: Path, out: Path, wanted: dict[str, Any]) -> None:
+    """Rename ``tmp`` to ``out``; an old tiny model there is moved aside first.
+
+    If another process finished the same model first, its copy is kept.
+    """
+    old: Path | None = None
+    if out.exists() and _marker(out) is not None:
+        old = out.parent / f".{out.name}.old-{os.getpid()}-{id(tmp)}"
+        os.rename(out, old)
+    try:
+        os.rename(tmp, out)  # replaces an empty directory atomically on POSIX
+    except OSError:
+        if _marker(out) != wanted:
+            raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _build(arch: str, out: Path, *, seed: int, dtype: str) -> None:
+    """Write tokenizer, config, weights and generation config for ``arch`` into ``out``."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    tokenizer = _build_tokenizer()
+    tokenizer.save_pretrained(out)
+    ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in SPECIAL_TOKENS.items()}
+
+    config = _BUILDERS[arch](len(tokenizer))
+    config.bos_token_id = ids["bos_token"]
+    config.eos_token_id = ids["eos_token"]
+    config.pad_token_id = ids["pad_token"]
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _init_weights(model, seed)
+    torch_dtype = getattr(torch, dtype)
+    model.to(torch_dtype)
+    model.config.dtype = torch_dtype
+    model.generation_config = GenerationConfig(
+        bos_token_id=ids["bos_token"], eos_token_id=ids["eos_token"], pad_token_id=ids["pad_token"]
+    )
+    model.save_pretrained(out, safe_serialization=True)
+
+
+def _init_weights(model: Any, seed: int) -> None:
+    """Draw every parameter from one seeded generator, in sorted-name order.
+
+    Transformers' own init is replaced so that the scale (:data:`INIT_STD`) and
+    the bytes depend only on the seed: norm weights are ones, everything else
+    (projections, embeddings, router gates, biases) is ``N(0, INIT_STD)``.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+            if param.ndim == 1 and "norm" in name:
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float32) * INIT_STD)
+
+
+def _build_tokenizer() -> Any:
+    """Train a byte-level BPE on :data:`_CORPUS` (bytes cover any text, so no ``<unk>``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = [SPECIAL_TOKENS[k] for k in ("unk_token", "bos_token", "eos_token", "pad_token")]
+    tok = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS["unk_token"]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB_TARGET,
+        min_frequency=1,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS.splitlines(), trainer=trainer)
+    bos = SPECIAL_TOKENS["bos_token"]
+    # Llama-style: every encoded prompt starts with BOS, in transformers and vLLM alike.
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        model_max_length=MAX_POSITIONS,
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+        **SPECIAL_TOKENS,
+    )
+
+
+def _llama_config(vocab_size: int) -> Any:
+    """Llama with GQA; head_dim 64 because vLLM's CPU attention rejects smaller heads."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False,
+        initializer_range=INIT_STD,
+    )
+
+
+def _deepseek_v2_config(vocab_size: int) -> Any:
+    """DeepSeek-V2 with MLA and MoE; latent sizes are the real ones vLLM's CPU MLA needs."""
+    from transformers import DeepseekV2Config
+
+    return DeepseekV2Config(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        q_lora_rank=None,
+        kv_lora_rank=512,
+        qk_nope_head_dim=64,
+        qk_rope_head_dim=64,
+        v_head_dim=64,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        moe_layer_freq=1,
+        topk_method="greedy",
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=False,
+        routed_scaling_factor=1.0,
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False,
+        initializer_range=INIT_STD,
+    )
+
+
+def _qwen2_moe_config(vocab_size: int) -> Any:
+    """Qwen2-MoE: 4 experts top-2 plus a gated shared expert, head_dim 64."""
+    from transformers import Qwen2MoeConfig
+
+    return Qwen2MoeConfig(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=128,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        norm_topk_prob=False,
+        max_position_embeddings=MAX_POSITIONS,
+        max_window_layers=2,
+        use_sliding_window=False,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False,
+        initializer_range=INIT_STD,
+    )
+
+
+def _mamba2_config(vocab_size: int) -> Any:
+    """Mamba2: attention-free, its KV cache is the conv and SSM state per layer."""
+    from transformers import Mamba2Config
+
+    return Mamba2Config(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_heads=4,
+        head_dim=64,
+        state_size=16,
+        n_groups=1,
+        expand=2,
+        conv_kernel=4,
+        chunk_size=64,
+        layer_norm_epsilon=1e-6,
+        tie_word_embeddings=False,
+        initializer_range=INIT_STD,
+    )
+
+
+_BUILDERS: dict[str, Callable[[int], Any]] = {
+    "llama": _llama_config,
+    "deepseek_v2": _deepseek_v2_config,
+    "qwen2_moe": _qwen2_moe_config,
+    "mamba2": _mamba2_config,
+}
+assert tuple(_BUILDERS) == SUPPORTED_ARCHS

@@ -1,0 +1,123 @@
+"""The tiny local models: deterministic, reusable, and loadable by transformers offline.
+
+vLLM itself is exercised by the end-to-end tests; these stay fast and engine-free.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ascend_kernel.tiny_models import (
+    MARKER_NAME,
+    SUPPORTED_ARCHS,
+    create_tiny_model,
+    tiny_model_cache_dir,
+)
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One model per arch, shared by the read-only tests in this module."""
+    base = tmp_path_factory.mktemp("tiny")
+    return {arch: create_tiny_model(arch, base / arch, seed=0) for arch in SUPPORTED_ARCHS}
+
+
+def test_same_seed_gives_identical_bytes_and_other_seed_differs(tmp_path: Path) -> None:
+    a = create_tiny_model("llama", tmp_path / "a", seed=0)
+    b = create_tiny_model("llama", tmp_path / "b", seed=0)
+    c = create_tiny_model("llama", tmp_path / "c", seed=1)
+    weights = lambda p: (p / "model.safetensors").read_bytes()  # noqa: E731
+    assert weights(a) == weights(b)
+    assert weights(a) != weights(c)
+    assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
+    assert (a / "config.json").read_bytes() == (b / "config.json").read_bytes()
+
+
+def test_directory_layout_and_marker(built: dict[str, Path]) -> None:
+    for arch, path in built.items():
+        names = {p.name for p in path.iterdir()}
+        assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json", MARKER_NAME} <= names
+        marker = json.loads((path / MARKER_NAME).read_text())
+        assert (marker["arch"], marker["seed"], marker["dtype"]) == (arch, 0, "float32")
+        assert not list(path.parent.glob(".*building*")), "temporary build directories were left behind"
+
+
+@pytest.mark.parametrize("arch", SUPPORTED_ARCHS)
+def test_loads_in_transformers_and_generates(built: dict[str, Path], arch: str) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = built[arch]
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    assert model.config.model_type == arch
+    assert model.config.vocab_size == len(tok)
+
+    ids = tok(PROMPT, return_tensors="pt").input_ids
+    assert ids[0, 0].item() == tok.bos_token_id
+    assert ids.shape[1] >= 4 and tok.unk_token_id not in ids[0].tolist()
+    assert tok.decode(ids[0], skip_special_tokens=True) == PROMPT
+
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8,
+                             eos_token_id=None, pad_token_id=tok.pad_token_id)
+    new = out[0, ids.shape[1]:].tolist()
+    assert len(new) == 8
+    assert all(0 <= t < len(tok) for t in new)
+
+
+def test_unknown_arch_names_the_allowed_ones(tmp_path: Path) -> None:
+    with pytest.raises(ValueError) as info:
+        create_tiny_model("gpt5", tmp_path / "x")
+    message = str(info.value)
+    assert "gpt5" in message
+    assert all(arch in message for arch in SUPPORTED_ARCHS)
+    assert not (tmp_path / "x").exists()
+
+
+def test_unknown_dtype_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="float32"):
+        create_tiny_model("llama", tmp_path / "x", dtype="int3")
+
+
+def test_existing_model_is_reused_unchanged(tmp_path: Path) -> None:
+    path = create_tiny_model("llama", tmp_path / "m", seed=3)
+    before = (path / "model.safetensors").stat()
+    again = create_tiny_model("llama", str(tmp_path / "m"), seed=3)
+    after = (again / "model.safetensors").stat()
+    assert again == path
+    assert (before.st_ino, before.st_mtime_ns) == (after.st_ino, after.st_mtime_ns)
+
+
+def test_other_seed_replaces_an_existing_tiny_model(tmp_path: Path) -> None:
+    path = create_tiny_model("llama", tmp_path / "m", seed=0)
+    old = (path / "model.safetensors").read_bytes()
+    create_tiny_model("llama", tmp_path / "m", seed=1)
+    assert json.loads((path / MARKER_NAME).read_text())["seed"] == 1
+    assert (path / "model.safetensors").read_bytes() != old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_foreign_directory_is_not_overwritten(tmp_path: Path) -> None:
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError):
+        create_tiny_model("llama", target)
+    assert (target / "notes.txt").read_text() == "keep me"
+
+
+def test_empty_existing_directory_is_filled(tmp_path: Path) -> None:
+    target = tmp_path / "empty"
+    target.mkdir()
+    assert (create_tiny_model("llama", target) / "model.safetensors").is_file()
+
+
+def test_cache_dir_names_arch_and_seed(tmp_path: Path) -> None:
+    assert tiny_model_cache_dir("llama") == Path(".cache/tiny-models/llama-seed0")
+    assert tiny_model_cache_dir("qwen2_moe", 7, base=tmp_path) == tmp_path / "qwen2_moe-seed7"
