@@ -52,6 +52,51 @@ class KVAllocationReport:
         }
 
 
+def _round_up(value: int, alignment: int) -> int:
+    return -(-value // alignment) * alignment
+
+
+def _is_layer_major(placement: Any, num_blocks: int) -> bool:
+    """Each layer's pages contiguous (layer stride spans all blocks), vs blocks of packed layers."""
+    return placement.layer_stride >= num_blocks * placement.block_stride
+
+
+def _extent(placement: Any, num_blocks: int) -> int:
+    """Bytes from a placement's offset to the end of its last page."""
+    layers = len(placement.layers)
+    if _is_layer_major(placement, num_blocks):
+        return (layers - 1) * placement.layer_stride + num_blocks * placement.block_stride
+    return (num_blocks - 1) * placement.block_stride + layers * placement.layer_stride
+
+
+def align_placements(placements: list[Any], num_blocks_of: Callable[[Any], int],
+                     alignment: int) -> tuple[list[Any], int]:
+    """Re-place every KV tensor so that it, and each layer of a layer-major placement, starts aligned.
+
+    The scheduler only relies on block ids, so where a placement sits in the
+    backing buffer is the worker's choice. Each placement gets its own region
+    (aliased overlays are given separate memory), its start rounded up to
+    ``alignment`` and, when each layer's pages are contiguous, its layer stride
+    rounded up too. Returns the new placements and the backing size they need;
+    the growth is bounded by ``alignment`` per placement and per layer.
+    """
+    from dataclasses import replace
+
+    cursor = 0
+    moved = []
+    for placement in placements:
+        blocks = num_blocks_of(placement)
+        layer_stride = placement.layer_stride
+        if _is_layer_major(placement, blocks):
+            layer_stride = _round_up(layer_stride, alignment)
+        start = _round_up(cursor, alignment)
+        moved_placement = replace(placement, offset=start, layer_stride=layer_stride)
+        moved.append(moved_placement)
+        cursor = start + _extent(moved_placement, blocks)
+    size = _round_up(cursor, alignment)
+    return [replace(p, size=size) for p in moved], size
+
+
 def spec_of_layer(kv_cache_config: Any, layer_name: str) -> tuple[int, Any]:
     """(group id, the layer's own spec) — unwrapping per-layer uniform-type groups."""
     for group_id, group in enumerate(kv_cache_config.kv_cache_groups):
@@ -92,11 +137,15 @@ def allocate_kv_caches(
         group_id, spec = spec_of_layer(kv_cache_config, placement.layers[0])
         resolved.append((placement, group_id, spec, layout_for(type(spec))))
     alignment = max(layout.alignment(vllm_config) for *_, layout in resolved)
-    backing, slack = device.zeros_bytes(size, torch_device, alignment)
-    report.requested_bytes = size
-    report.allocated_bytes = size + slack
+    requested = size
+    if alignment > 1:
+        aligned, size = align_placements([r[0] for r in resolved], kv_cache_config.num_blocks_of, alignment)
+        resolved = [(p, *rest) for p, (_, *rest) in zip(aligned, resolved)]
+    backing, base_slack = device.zeros_bytes(size, torch_device, alignment)
+    report.requested_bytes = requested
+    report.allocated_bytes = size + base_slack
     report.alignment = alignment
-    report.slack_bytes = slack
+    report.slack_bytes = report.allocated_bytes - requested
     report.backing_data_ptr = backing.data_ptr()
 
     caches: dict[str, torch.Tensor] = {}

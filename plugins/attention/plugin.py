@@ -46,3 +46,12 @@ def ascend_kernel_attention_backends() -> list[Implementation]:
             description="the base platform's own backend (CPU attention / CPU MLA on a CPU host)",
         )
     ]
+
+
+@hookimpl
+def ascend_kernel_configure(settings, vllm_config, device):
+    if device.kind != "cpu":
+        return None
+    from ascend_kernel_plugins.attention.cpu_fixups import mla_cpu_fixups
+
+    return mla_cpu_fixups(vllm_config)

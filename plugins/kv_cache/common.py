@@ -1,4 +1,4 @@
-"""What every KV layout shares: PD alignment and the page arithmetic checks."""
+"""What every KV layout shares: PD alignment, placement checks, page views, splits."""
 
 from __future__ import annotations
 
@@ -14,18 +14,40 @@ def pd_alignment(vllm_config: Any, settings: Any) -> int:
     return settings.kv_transfer_alignment_bytes if vllm_config.kv_transfer_config is not None else 1
 
 
+def _layers_text(placement: Any) -> str:
+    layers = placement.layers
+    return ", ".join(layers[:3]) + (f" (+{len(layers) - 3} more)" if len(layers) > 3 else "")
+
+
 def check_placement(placement: Any, spec: Any, num_blocks: int) -> None:
-    """The placement must hold ``num_blocks`` pages of every layer it names."""
+    """The placement must hold ``num_blocks`` pages of every layer it names, inside its buffer."""
     page = spec.page_size_bytes
-    last_layer = len(placement.layers) - 1
-    end = placement.offset + last_layer * placement.layer_stride + (num_blocks - 1) * placement.block_stride + page
-    if num_blocks < 1 or end > placement.size:
+    if num_blocks < 1:
+        raise KVCacheAllocationError(f"KV cache for layers {_layers_text(placement)}: {num_blocks} blocks")
+    last = len(placement.layers) - 1
+    end = placement.offset + last * placement.layer_stride + (num_blocks - 1) * placement.block_stride + page
+    if end > placement.size:
         raise KVCacheAllocationError(
-            f"KV cache tensor for layers {placement.layers[:3]}{'...' if len(placement.layers) > 3 else ''} "
-            f"needs {end} bytes for {num_blocks} blocks of {page} bytes, but the config gives {placement.size}"
+            f"KV cache for layers {_layers_text(placement)} needs {end} bytes for {num_blocks} blocks of "
+            f"{page} bytes, but the config gives {placement.size}"
         )
+
+
+def page_views(backing: torch.Tensor, placement: Any, spec: Any, num_blocks: int,
+               kernel_block_size: int | None, resolved_layout: Any) -> list[torch.Tensor]:
+    """vLLM 0.32's per-layer ``[blocks, heads, states, content]`` views of a placement."""
+    from vllm.v1.kv_cache_interface import create_kv_cache_views
+
+    check_placement(placement, spec, num_blocks)
+    return create_kv_cache_views(backing, spec, num_blocks, resolved_layout, placement,
+                                 kernel_block_size=kernel_block_size)
+
+
+def split_last_dim(view: torch.Tensor, first: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two views of one cache: ``[..., :first]`` and ``[..., first:]`` (no copy)."""
+    return view[..., :first], view[..., first:]
 
 
 def split_kv(view: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of a full-attention page view ``[blocks, heads, tokens, head_size + head_size_v]``."""
-    return view[..., :head_size], view[..., head_size:]
+    return split_last_dim(view, head_size)

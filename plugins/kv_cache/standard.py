@@ -18,7 +18,7 @@ import torch
 
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
-from ascend_kernel_plugins.kv_cache.common import check_placement, pd_alignment, split_kv
+from ascend_kernel_plugins.kv_cache.common import page_views, pd_alignment, split_kv
 
 ASCEND_KERNEL_ESSENTIAL = "full-attention layers (every decoder model) need the standard KV layout"
 
@@ -48,12 +48,7 @@ class StandardKVLayout:
 
     def views(self, backing: torch.Tensor, placement: Any, spec: Any, num_blocks: int,
               kernel_block_size: int | None) -> list[torch.Tensor]:
-        from vllm.v1.kv_cache_interface import create_kv_cache_views
-
-        check_placement(placement, spec, num_blocks)
-        views = create_kv_cache_views(
-            backing, spec, num_blocks, self.resolved_layout, placement, kernel_block_size=kernel_block_size
-        )
+        views = page_views(backing, placement, spec, num_blocks, kernel_block_size, self.resolved_layout)
         # ACL format ND (2) on NPU: the paged-attention kernels read ND caches.
         return [self.device.format_cast(v, 2) for v in views]
 
