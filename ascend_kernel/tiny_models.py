@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 #: Architectures :func:`create_tiny_model` can build.
-SUPPORTED_ARCHS: tuple[str, ...] = ("llama", "deepseek_v2", "qwen2_moe", "mamba2")
+SUPPORTED_ARCHS: tuple[str, ...] = ("llama", "deepseek_v2", "qwen2_moe", "mamba2", "falcon_h1")
 
 #: Weight dtypes accepted for ``dtype`` (float32 is the one the tests compare in).
 SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
@@ -354,10 +354,39 @@ def _mamba2_config(vocab_size: int) -> Any:
     )
 
 
+def _falcon_h1_config(vocab_size: int) -> Any:
+    """Falcon-H1: every layer runs attention and a Mamba2 mixer side by side (a hybrid KV cache)."""
+    from transformers import FalconH1Config
+
+    return FalconH1Config(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        mamba_d_ssm=128,
+        mamba_n_heads=2,
+        mamba_d_head=64,
+        mamba_n_groups=1,
+        mamba_d_state=16,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_chunk_size=64,
+        mamba_rms_norm=False,
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        initializer_range=INIT_STD,
+    )
+
+
 _BUILDERS: dict[str, Callable[[int], Any]] = {
     "llama": _llama_config,
     "deepseek_v2": _deepseek_v2_config,
     "qwen2_moe": _qwen2_moe_config,
     "mamba2": _mamba2_config,
+    "falcon_h1": _falcon_h1_config,
 }
 assert tuple(_BUILDERS) == SUPPORTED_ARCHS

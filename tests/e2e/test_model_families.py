@@ -24,7 +24,7 @@ def models(tmp_path_factory):
     from ascend_kernel.tiny_models import create_tiny_model
 
     base = tmp_path_factory.mktemp("families")
-    return {arch: create_tiny_model(arch, base / arch) for arch in ("deepseek_v2", "qwen2_moe", "mamba2")}
+    return {arch: create_tiny_model(arch, base / arch) for arch in ("deepseek_v2", "qwen2_moe", "mamba2", "falcon_h1")}
 
 
 def oracle_for(model, run):
@@ -102,3 +102,14 @@ def test_mamba2_state_layout_matches_hf_and_stock(models):
     kv = decision(run, "kv_cache")
     assert (kv["subject"], kv["chosen"]) == ("MambaSpec", "mamba")
     assert run["report"]["trace"]["moe_methods"] == {}
+
+
+def test_falcon_h1_hybrid_attention_and_mamba_in_one_allocation(models):
+    run = generate(models["falcon_h1"], env=KERNEL, max_tokens=MAX_TOKENS)
+    assert tokens(run) == oracle_for(models["falcon_h1"], run)
+    chosen = {d["subject"]: d["chosen"] for d in run["report"]["decisions"] if d["family"] == "kv_cache"}
+    assert chosen == {"FullAttentionSpec": "standard", "MambaSpec": "mamba"}
+    kv = run["report"]["kv_cache"]
+    # vLLM overlays the attention and Mamba groups on one backing buffer: both address all of it
+    assert {u["layout"]: u["layers"] for u in kv["layouts"]} == {"standard": 2, "mamba": 2}
+    assert kv["allocated_bytes"] == kv["requested_bytes"]
