@@ -1,0 +1,54 @@
+"""The torch_npu provider: the real Ascend kernels with their documented argument conventions.
+
+Not run in this project's CI (no NPU). Outputs are preallocated and passed as
+``out=`` where the ops require it, as torch_npu's private attention ops do.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class TorchNpuOps:
+    name = "torch_npu"
+
+    def __init__(self) -> None:
+        import torch_npu
+
+        self._npu = torch_npu
+
+    def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
+        self._npu._npu_reshape_and_cache(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
+                                         slot_indices=slot_mapping.to(torch.int32))
+
+    def flash_attention(self, query, key, value, mask, seq_lens, scale, num_heads, num_kv_heads):
+        out = torch.empty_like(query)
+        self._npu._npu_flash_attention(query=query, key=key, value=value, mask=mask, seq_len=seq_lens,
+                                       scale_value=scale, num_heads=num_heads, num_kv_heads=num_kv_heads, out=out)
+        return out
+
+    def paged_attention(self, query, key_cache, value_cache, block_table, context_lens, scale, num_heads,
+                        num_kv_heads):
+        out = torch.empty_like(query)
+        self._npu._npu_paged_attention(query=query, key_cache=key_cache, value_cache=value_cache,
+                                       num_kv_heads=num_kv_heads, num_heads=num_heads, scale_value=scale,
+                                       block_table=block_table, context_lens=context_lens, out=out)
+        return out
+
+    def paged_attention_splitfuse(self, query, key_cache, value_cache, mask, block_table, query_lens, context_lens,
+                                  scale, num_heads, num_kv_heads):
+        out = torch.empty_like(query)
+        self._npu._npu_paged_attention_splitfuse(query=query, key_cache=key_cache, value_cache=value_cache,
+                                                 mask=mask, block_table=block_table, seq_len=query_lens,
+                                                 context_lens=context_lens, num_kv_heads=num_kv_heads,
+                                                 num_heads=num_heads, scale_value=scale, out=out)
+        return out
+
+    def rms_norm(self, x, weight, eps):
+        return self._npu.npu_rms_norm(x, weight, eps)
+
+    def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox_style) -> None:
+        self._npu._npu_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox_style)
+
+    def format_cast(self, tensor, acl_format):
+        return self._npu.npu_format_cast(tensor, acl_format)

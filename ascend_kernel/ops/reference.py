@@ -1,0 +1,114 @@
+"""Pure-torch reference implementations of the Ascend attention kernels.
+
+Same signatures and semantics as :mod:`ascend_kernel.ops.npu`: written for
+clarity (loops over requests, float32 accumulation), not speed. Each op is
+tested against naive float64 attention and torch's SDPA.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _gqa(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Repeat KV heads ``[..., kv_heads, d]`` to ``num_heads`` (grouped-query attention)."""
+    kv_heads = x.shape[-2]
+    if num_heads % kv_heads:
+        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {kv_heads}")
+    return x.repeat_interleave(num_heads // kv_heads, dim=-2)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [n, H, d], k/v [m, H, d], allowed [n, m] bool -> [n, H, d] (float32 math)."""
+    scores = torch.einsum("nhd,mhd->hnm", q.float(), k.float()) * scale
+    scores = scores.masked_fill(~allowed.unsqueeze(0), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row with no allowed key gives zeros
+    return torch.einsum("hnm,mhd->nhd", probs, v.float()).to(q.dtype)
+
+
+def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first ``length`` tokens of one sequence from a paged cache -> [length, kv_heads, d]."""
+    block_size = cache.shape[1]
+    blocks = block_table[: -(-length // block_size)].long()
+    return cache[blocks].reshape(-1, *cache.shape[2:])[:length]
+
+
+class ReferenceOps:
+    name = "reference"
+
+    def reshape_and_cache(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                          value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Write token ``i``'s K/V ([T, kv_heads, d]) to slot ``slot_mapping[i]`` of the caches."""
+        slots = slot_mapping.long()
+        keep = slots >= 0
+        slots, key, value = slots[keep], key[keep], value[keep]
+        block_size = key_cache.shape[1]
+        blocks, offsets = slots // block_size, slots % block_size
+        key_cache[blocks, offsets] = key.to(key_cache.dtype)
+        value_cache[blocks, offsets] = value.to(value_cache.dtype)
+
+    def flash_attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                        seq_lens: torch.Tensor, scale: float, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+        """Prefill without cache: each sequence attends to itself under ``mask`` ([S, S] flags)."""
+        out = torch.empty_like(query)
+        start = 0
+        for length in seq_lens.tolist():
+            end = start + length
+            allowed = mask[:length, :length] == 0
+            out[start:end] = _attend(query[start:end], _gqa(key[start:end], num_heads),
+                                     _gqa(value[start:end], num_heads), allowed, scale)
+            start = end
+        return out
+
+    def paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                        block_table: torch.Tensor, context_lens: torch.Tensor, scale: float, num_heads: int,
+                        num_kv_heads: int) -> torch.Tensor:
+        """Decode: one query token per sequence over its ``context_lens`` cached tokens."""
+        out = torch.empty_like(query)
+        for i, length in enumerate(context_lens.tolist()):
+            k = _gqa(_gather(key_cache, block_table[i], length), num_heads)
+            v = _gqa(_gather(value_cache, block_table[i], length), num_heads)
+            allowed = torch.ones(1, length, dtype=torch.bool, device=query.device)
+            out[i : i + 1] = _attend(query[i : i + 1], k, v, allowed, scale)
+        return out
+
+    def paged_attention_splitfuse(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                                  mask: torch.Tensor, block_table: torch.Tensor, query_lens: torch.Tensor,
+                                  context_lens: torch.Tensor, scale: float, num_heads: int,
+                                  num_kv_heads: int) -> torch.Tensor:
+        """Chunked prefill / mixed batches over the paged cache; ``mask`` has one row per query token."""
+        out = torch.empty_like(query)
+        start = 0
+        for i, (q_len, length) in enumerate(zip(query_lens.tolist(), context_lens.tolist())):
+            end = start + q_len
+            k = _gqa(_gather(key_cache, block_table[i], length), num_heads)
+            v = _gqa(_gather(value_cache, block_table[i], length), num_heads)
+            allowed = mask[start:end, :length] == 0
+            out[start:end] = _attend(query[start:end], k, v, allowed, scale)
+            start = end
+        return out
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(normalised x * weight, reciprocal RMS) like ``npu_rms_norm``."""
+        xf = x.float()
+        rstd = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+        return (xf * rstd * weight.float()).to(x.dtype), rstd
+
+    def rotary_embedding(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
+                         cos_sin_cache: torch.Tensor, is_neox_style: bool) -> None:
+        """In place on ``query``/``key`` ([T, heads * head_size]); cache rows are [cos | sin] halves."""
+        cos, sin = cos_sin_cache[positions.long()].float().chunk(2, dim=-1)
+        for x in (query, key):
+            view = x.view(x.shape[0], -1, head_size)
+            rot = view[..., : cos.shape[-1] * 2].float()
+            if is_neox_style:
+                a, b = rot.chunk(2, dim=-1)
+            else:
+                a, b = rot[..., 0::2], rot[..., 1::2]
+            c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+            ra, rb = a * c - b * s, b * c + a * s
+            new = torch.cat((ra, rb), dim=-1) if is_neox_style else torch.stack((ra, rb), dim=-1).flatten(-2)
+            view[..., : cos.shape[-1] * 2] = new.to(x.dtype)
+
+    def format_cast(self, tensor: torch.Tensor, acl_format: int) -> torch.Tensor:
+        return tensor
