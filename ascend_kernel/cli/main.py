@@ -76,6 +76,11 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 def _engine_request(args: argparse.Namespace, kernel: bool):
     from ascend_kernel.cli.engine import EngineRequest, parse_engine_args
 
+    from pathlib import Path
+
+    if not Path(args.model).is_dir():
+        raise KernelError(f"--model {args.model!r} is not a directory; give a local model directory "
+                          "(make one with: ascend-kernel tiny-model --arch llama --out DIR)")
     extra = parse_engine_args(args.engine_arg or [])
     if args.additional_config:
         extra["additional_config"] = json.loads(args.additional_config)

