@@ -18,7 +18,7 @@ from ascend_kernel.config_changes import ConfigChange, change
 
 
 def mla_cpu_fixups(vllm_config: Any) -> list[ConfigChange]:
-    model = vllm_config.model_config
+    model = getattr(vllm_config, "model_config", None)
     if model is None or not model.use_mla:
         return []
     changes: list[ConfigChange | None] = []

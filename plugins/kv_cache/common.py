@@ -51,3 +51,42 @@ def split_last_dim(view: torch.Tensor, first: int) -> tuple[torch.Tensor, torch.
 def split_kv(view: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of a full-attention page view ``[blocks, heads, tokens, head_size + head_size_v]``."""
     return split_last_dim(view, head_size)
+
+
+def handles_spec(ctx: Any, spec_class_name: str) -> str | None:
+    """``supports`` helper: None when the subject spec class is (a subclass of) vLLM's ``spec_class_name``."""
+    import vllm.v1.kv_cache_interface as kv
+
+    wanted = getattr(kv, spec_class_name)
+    if ctx.subject is None or not issubclass(ctx.subject, wanted):
+        return f"handles {spec_class_name} only (got {getattr(ctx.subject, '__name__', ctx.subject)})"
+    return None
+
+
+class PageViewLayout:
+    """Base of the layouts: PD alignment, the resolved vLLM layout, checked page views.
+
+    A subclass adds what its spec kind needs: a ``check(placement, spec)``
+    that raises :class:`KVCacheAllocationError` on a mismatch with the model
+    config, ``post(view)`` for a device format, and the typed splits its
+    attention backend reads (K/V, nope/rope, Mamba states).
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self.alignment_bytes = pd_alignment(ctx.vllm_config, ctx.settings)
+        self.resolved_layout = ctx.vllm_config.cache_config.get_resolved_kv_cache_layout()
+
+    def alignment(self, vllm_config: Any) -> int:
+        return self.alignment_bytes
+
+    def check(self, placement: Any, spec: Any) -> None:
+        """Refuse a spec that disagrees with the model config (default: nothing to check)."""
+
+    def post(self, view: torch.Tensor) -> torch.Tensor:
+        return view
+
+    def views(self, backing: torch.Tensor, placement: Any, spec: Any, num_blocks: int,
+              kernel_block_size: int | None) -> list[torch.Tensor]:
+        self.check(placement, spec)
+        return [self.post(v) for v in
+                page_views(backing, placement, spec, num_blocks, kernel_block_size, self.resolved_layout)]

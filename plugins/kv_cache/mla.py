@@ -16,7 +16,7 @@ import torch
 from ascend_kernel.errors import KVCacheAllocationError
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
-from ascend_kernel_plugins.kv_cache.common import page_views, pd_alignment, split_last_dim
+from ascend_kernel_plugins.kv_cache.common import PageViewLayout, handles_spec, split_last_dim
 
 
 def latent_dims(vllm_config: Any) -> tuple[int, int]:
@@ -30,32 +30,20 @@ def is_sparse_model(vllm_config: Any) -> bool:
     return model is not None and hasattr(model.hf_text_config, "index_topk")
 
 
-class MLALayout:
-    __slots__ = ("kv_lora_rank", "rope_dim", "alignment_bytes", "resolved_layout")
+class MLALayout(PageViewLayout):
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self.kv_lora_rank, self.rope_dim = latent_dims(ctx.vllm_config)
 
-    def __init__(self, kv_lora_rank: int, rope_dim: int, alignment_bytes: int, resolved_layout: Any) -> None:
-        self.kv_lora_rank = kv_lora_rank
-        self.rope_dim = rope_dim
-        self.alignment_bytes = alignment_bytes
-        self.resolved_layout = resolved_layout
-
-    @classmethod
-    def from_context(cls, ctx: Any) -> "MLALayout":
-        rank, rope = latent_dims(ctx.vllm_config)
-        return cls(rank, rope, pd_alignment(ctx.vllm_config, ctx.settings),
-                   ctx.vllm_config.cache_config.get_resolved_kv_cache_layout())
-
-    def alignment(self, vllm_config: Any) -> int:
-        return self.alignment_bytes
-
-    def views(self, backing: torch.Tensor, placement: Any, spec: Any, num_blocks: int,
-              kernel_block_size: int | None) -> list[torch.Tensor]:
+    def check_latent(self, placement: Any, spec: Any, kind: str) -> None:
         if spec.head_size != self.kv_lora_rank + self.rope_dim:
             raise KVCacheAllocationError(
-                f"MLA layers {placement.layers[:3]}: cache head size {spec.head_size} != kv_lora_rank "
+                f"{kind} layers {placement.layers[:3]}: cache head size {spec.head_size} != kv_lora_rank "
                 f"{self.kv_lora_rank} + qk_rope_head_dim {self.rope_dim} from the model config"
             )
-        return page_views(backing, placement, spec, num_blocks, kernel_block_size, self.resolved_layout)
+
+    def check(self, placement: Any, spec: Any) -> None:
+        self.check_latent(placement, spec, "MLA")
 
     def nope_and_rope(self, view: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The latent ("nope", kv_lora_rank wide) and rotary-key ("rope") caches of one layer."""
@@ -63,13 +51,10 @@ class MLALayout:
 
 
 def _supports(ctx: Any) -> str | None:
-    from vllm.v1.kv_cache_interface import MLAAttentionSpec
-
-    if ctx.subject is None or not issubclass(ctx.subject, MLAAttentionSpec):
-        return f"handles MLAAttentionSpec only (got {getattr(ctx.subject, '__name__', ctx.subject)})"
-    if is_sparse_model(ctx.vllm_config):
+    reason = handles_spec(ctx, "MLAAttentionSpec")
+    if reason is None and is_sparse_model(ctx.vllm_config):
         return "sparse-attention (SFA) model: its caches include the indexer's"
-    return None
+    return reason
 
 
 @hookimpl
@@ -78,7 +63,7 @@ def ascend_kernel_kv_cache_layouts() -> list[Implementation]:
         Implementation(
             family="kv_cache",
             name="mla",
-            factory=MLALayout.from_context,
+            factory=MLALayout,
             supports=_supports,
             priority=20,
             description="MLA latent cache as nope (kv_lora_rank) + rope (qk_rope_head_dim) views",
