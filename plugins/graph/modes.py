@@ -82,7 +82,7 @@ def resolve_npu_graph_config(vllm_config: Any) -> list[ConfigChange]:
                               "encoder-decoder models support piecewise graphs only"))
     mode = comp.cudagraph_mode
     if mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL, CUDAGraphMode.FULL_DECODE_ONLY):
-        changes.append(change(vllm_config, "compilation_config.use_inductor", False,
+        changes.append(change(vllm_config, "compilation_config.backend", "eager",
                               "ACL graphs replay captured NPU ops; inductor is not used on NPU"))
         if mode != CUDAGraphMode.PIECEWISE:
             changes.append(change(vllm_config, "compilation_config.splitting_ops", [],

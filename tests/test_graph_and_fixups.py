@@ -1,0 +1,147 @@
+"""Graph-mode rules and NPU config fix-ups, applied to real vLLM configs.
+
+The NPU itself is absent here, but these decisions are pure config logic:
+they run on vLLM's own ``VllmConfig`` objects with a device description that
+says "npu", exactly as the NPU platform would call them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ascend_kernel.device import DeviceInfo
+from ascend_kernel.kernel import SelectionContext
+from ascend_kernel.settings import load_settings
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    from ascend_kernel.tiny_models import create_tiny_model
+
+    return create_tiny_model("llama", tmp_path_factory.mktemp("g") / "llama")
+
+
+def config(llama_dir, **model_kwargs):
+    from vllm.config import ModelConfig, VllmConfig
+
+    return VllmConfig(model_config=ModelConfig(model=str(llama_dir), max_model_len=128, **model_kwargs))
+
+
+def test_enforce_eager_turns_graphs_off(llama_dir):
+    from vllm.config import CompilationMode
+    from vllm.config.compilation import CUDAGraphMode
+
+    from ascend_kernel_plugins.graph.modes import resolve_npu_graph_config
+
+    cfg = config(llama_dir, enforce_eager=True)
+    cfg.compilation_config.cudagraph_mode = CUDAGraphMode.PIECEWISE
+    changes = resolve_npu_graph_config(cfg)
+    assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
+    assert cfg.compilation_config.mode == CompilationMode.NONE
+    assert {c.path for c in changes} >= {"compilation_config.cudagraph_mode"}
+    assert all(c.reason for c in changes)
+
+
+def test_full_and_piecewise_falls_back_to_piecewise_without_inductor(llama_dir):
+    from vllm.config.compilation import CUDAGraphMode
+
+    from ascend_kernel_plugins.graph.modes import resolve_npu_graph_config
+
+    cfg = config(llama_dir)
+    cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
+    cfg.compilation_config.backend = "inductor"
+    changes = resolve_npu_graph_config(cfg)
+    assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.PIECEWISE
+    assert cfg.compilation_config.backend == "eager"
+    assert "compilation_config.backend" in {c.path for c in changes}
+
+
+def test_full_decode_only_captures_unsplit(llama_dir):
+    from vllm.config.compilation import CUDAGraphMode
+
+    from ascend_kernel_plugins.graph.modes import resolve_npu_graph_config
+
+    cfg = config(llama_dir)
+    cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+    cfg.compilation_config.splitting_ops = ["vllm::unified_attention"]
+    resolve_npu_graph_config(cfg)
+    assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
+    assert cfg.compilation_config.splitting_ops == []
+
+
+def test_default_capture_size_tracks_decode_batch_capped_at_512(llama_dir):
+    from types import SimpleNamespace
+
+    from ascend_kernel_plugins.graph.modes import default_max_capture_size
+
+    def cfg(seqs, spec_tokens=None, max_size=None, sizes=None):
+        return SimpleNamespace(
+            compilation_config=SimpleNamespace(max_cudagraph_capture_size=max_size, cudagraph_capture_sizes=sizes),
+            scheduler_config=SimpleNamespace(max_num_seqs=seqs),
+            speculative_config=SimpleNamespace(num_speculative_tokens=spec_tokens) if spec_tokens else None,
+        )
+
+    assert default_max_capture_size(cfg(64)) == 64
+    assert default_max_capture_size(cfg(64, spec_tokens=3)) == 256
+    assert default_max_capture_size(cfg(256, spec_tokens=3)) == 512
+    assert default_max_capture_size(cfg(64, max_size=32)) is None
+    assert default_max_capture_size(cfg(64, sizes=[1, 2])) is None
+
+
+def test_graph_mode_choice_by_device(llama_dir):
+    from ascend_kernel.kernel import GLOBAL_FAMILIES, build_kernel
+    from ascend_kernel.registry import choose
+
+    family = next(f for f in GLOBAL_FAMILIES if f.name == "graph")
+    kernel = build_kernel(load_settings(), "cpu")
+    entries = kernel.entries(family)
+    for device, eager, expected in (("cpu", False, "eager"), ("npu", False, "aclgraph"), ("npu", True, "eager")):
+        ctx = SelectionContext(config(llama_dir, enforce_eager=eager), kernel.settings, DeviceInfo(device, "A2"))
+        impl, record = choose("graph", entries, ctx, forced=None, forcing_setting="ASCEND_KERNEL_GRAPH_MODE")
+        assert impl.name == expected, (device, eager, record)
+
+
+def test_aclgraph_pads_to_the_next_captured_size():
+    from ascend_kernel_plugins.graph.modes import AclGraphMode, EagerMode
+
+    mode = AclGraphMode([8, 1, 4, 2])
+    assert [mode.padded_num_tokens(n) for n in (1, 3, 5, 8, 9)] == [1, 4, 8, 8, 9]
+    assert EagerMode().padded_num_tokens(7) == 7
+
+
+def test_npu_fixups_reset_gpu_only_options_and_record_them(llama_dir):
+    from ascend_kernel_plugins.config_fixups.plugin import ascend_kernel_configure
+
+    cfg = config(llama_dir)
+    cfg.model_config.disable_cascade_attn = True
+    cfg.scheduler_config.max_num_partial_prefills = 4
+    cfg.attention_config.use_trtllm_attention = True
+    changes = ascend_kernel_configure(load_settings(), cfg, DeviceInfo("npu", "A3"))
+    paths = {c.path for c in changes}
+    assert {"model_config.disable_cascade_attn", "scheduler_config.max_num_partial_prefills",
+            "attention_config.use_trtllm_attention"} <= paths
+    assert cfg.model_config.disable_cascade_attn is False
+    assert cfg.scheduler_config.max_num_partial_prefills == 1
+    assert cfg.attention_config.use_trtllm_attention is False
+    # on the CPU device nothing is touched
+    cfg2 = config(llama_dir)
+    cfg2.scheduler_config.max_num_partial_prefills = 4
+    assert ascend_kernel_configure(load_settings(), cfg2, DeviceInfo("cpu", None)) is None
+    assert cfg2.scheduler_config.max_num_partial_prefills == 4
+
+
+def test_fused_mc2_with_hierarchy_is_refused():
+    from ascend_kernel.errors import SettingsError
+    from ascend_kernel_plugins.moe_comm.plugin import ascend_kernel_configure
+
+    settings = load_settings({"ascend_kernel": {"enable_fused_mc2": True, "enable_mc2_hierarchy_comm": True}})
+    with pytest.raises(SettingsError, match="ASCEND_KERNEL_ENABLE_FUSED_MC2=0"):
+        ascend_kernel_configure(settings, None, DeviceInfo("npu", "A3"))
+
+
+def test_npu_platform_class_imports_with_ascend_device_facts():
+    from ascend_kernel.platform.npu import KernelNpuPlatform
+
+    assert (KernelNpuPlatform.device_type, KernelNpuPlatform.dispatch_key, KernelNpuPlatform.dist_backend) == (
+        "npu", "PrivateUse1", "hccl")
+    assert KernelNpuPlatform.device_control_env_var == "ASCEND_RT_VISIBLE_DEVICES"
