@@ -50,5 +50,13 @@ class TorchNpuOps:
     def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox_style) -> None:
         self._npu._npu_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox_style)
 
+    def top_k_top_p(self, logits, k, p):
+        if k is None and p is None:
+            return logits
+        if k is None or p is None:  # the fused op wants both; fill the missing one with a no-op value
+            k = k if k is not None else torch.full((logits.shape[0],), logits.shape[-1], device=logits.device)
+            p = p if p is not None else torch.ones(logits.shape[0], device=logits.device, dtype=logits.dtype)
+        return self._npu.npu_top_k_top_p(logits, p.to(logits.dtype), k.to(torch.int32))
+
     def format_cast(self, tensor, acl_format):
         return self._npu.npu_format_cast(tensor, acl_format)

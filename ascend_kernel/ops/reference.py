@@ -110,5 +110,26 @@ class ReferenceOps:
             new = torch.cat((ra, rb), dim=-1) if is_neox_style else torch.stack((ra, rb), dim=-1).flatten(-2)
             view[..., : cos.shape[-1] * 2] = new.to(x.dtype)
 
+    def top_k_top_p(self, logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
+        """Mask (to -inf) every token outside a row's top ``k`` and outside its nucleus ``p``.
+
+        The nucleus keeps, in descending order, each token whose preceding
+        probability mass (after top-k) is still below ``p``; the best token is
+        always kept.
+        """
+        if k is None and p is None:
+            return logits
+        ordered, order = logits.sort(dim=-1, descending=True)
+        keep = torch.ones_like(ordered, dtype=torch.bool)
+        if k is not None:
+            ranks = torch.arange(ordered.shape[-1], device=logits.device)
+            keep &= ranks.unsqueeze(0) < k.to(torch.long).unsqueeze(1)
+        if p is not None:
+            probs = ordered.masked_fill(~keep, float("-inf")).softmax(dim=-1)
+            mass_before = probs.cumsum(dim=-1) - probs
+            keep &= mass_before < p.to(probs.dtype).unsqueeze(1)
+        keep[:, 0] = True
+        return logits.scatter(-1, order, ordered.masked_fill(~keep, float("-inf")))
+
     def format_cast(self, tensor: torch.Tensor, acl_format: int) -> torch.Tensor:
         return tensor

@@ -102,3 +102,11 @@ def test_bad_setting_is_one_paragraph(tiny_llama):
     proc = run_cli(["generate", "--model", str(tiny_llama)], env=clean_env(ASCEND_KERNEL_DEVICE="gpu"), expect_rc=2)
     assert proc.stderr.strip().count("\n") == 0
     assert "ASCEND_KERNEL_DEVICE='gpu'" in proc.stderr and "'npu' or 'cpu'" in proc.stderr
+
+
+def test_topk_topp_toggle_selects_the_seam_sampler(tiny_llama, oracle):
+    run = generate(tiny_llama, env=clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_ENABLE_TOPK_TOPP_OPTIMIZATION="1"),
+                   max_tokens=MAX_TOKENS)
+    assert tokens(run) == oracle
+    sampler = next(d for d in run["report"]["decisions"] if d["family"] == "sampler")
+    assert (sampler["chosen"], sampler["forced_by"]) == ("ascend-topk-topp", "highest priority (10)")
