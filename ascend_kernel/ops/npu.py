@@ -44,6 +44,13 @@ class TorchNpuOps:
                                                  num_heads=num_heads, scale_value=scale, out=out)
         return out
 
+    def paged_attention_mla(self, query, kv_cache, block_table, context_lens, scale, num_heads, v_head_size):
+        out = query.new_empty(query.shape[0], num_heads, v_head_size)
+        self._npu._npu_paged_attention_mla(query=query, key_cache=kv_cache, num_kv_heads=1, num_heads=num_heads,
+                                           scale_value=scale, block_table=block_table, context_lens=context_lens,
+                                           mla_vheadsize=v_head_size, out=out)
+        return out
+
     def rms_norm(self, x, weight, eps):
         return self._npu.npu_rms_norm(x, weight, eps)
 

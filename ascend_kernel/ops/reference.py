@@ -88,6 +88,22 @@ class ReferenceOps:
             start = end
         return out
 
+    def paged_attention_mla(self, query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                            context_lens: torch.Tensor, scale: float, num_heads: int,
+                            v_head_size: int) -> torch.Tensor:
+        """MLA decode (weight-absorbed MQA) over the latent cache.
+
+        ``query`` [B, heads, rank + rope]; ``kv_cache`` [blocks, block_size, 1, rank + rope];
+        keys are whole cache rows, values their first ``v_head_size`` (= kv_lora_rank)
+        columns. Returns [B, heads, v_head_size].
+        """
+        out = query.new_empty(query.shape[0], num_heads, v_head_size)
+        for i, length in enumerate(context_lens.tolist()):
+            rows = _gather(kv_cache, block_table[i], length).expand(length, num_heads, kv_cache.shape[-1])
+            allowed = torch.ones(1, length, dtype=torch.bool, device=query.device)
+            out[i : i + 1] = _attend(query[i : i + 1], rows, rows[..., :v_head_size], allowed, scale)
+        return out
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(normalised x * weight, reciprocal RMS) like ``npu_rms_norm``."""
         xf = x.float()

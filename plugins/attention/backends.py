@@ -28,6 +28,7 @@ def vllm_native_supported(ctx: Any) -> str | None:
 
 
 ASCEND_BACKEND_PATH = "ascend_kernel_plugins.attention.ascend.backend.AscendAttentionBackend"
+ASCEND_MLA_BACKEND_PATH = "ascend_kernel_plugins.attention.ascend.mla.AscendMLABackend"
 
 
 class AscendBackendProvider:
@@ -39,22 +40,21 @@ class AscendBackendProvider:
         # vLLM resolves backends by enum name: add ours to its registry (idempotent).
         from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-        if "ASCEND" not in AttentionBackendEnum.__members__:
-            register_backend("ASCEND", ASCEND_BACKEND_PATH)
+        for name, path in (("ASCEND", ASCEND_BACKEND_PATH), ("ASCEND_MLA", ASCEND_MLA_BACKEND_PATH)):
+            if name not in AttentionBackendEnum.__members__:
+                register_backend(name, path)
 
     def backend_class_path(self, selected_backend: Any, selector_config: Any, num_heads: int | None,
                            platform_default: Callable[[], str]) -> str:
-        if selector_config.use_mla or selector_config.use_sparse:
+        if selector_config.use_sparse:
             raise NotImplementedError(
-                "the Ascend MLA/SFA backends are not implemented yet; use ASCEND_KERNEL_ATTENTION_BACKEND=vllm-native"
+                "the Ascend SFA backend is not implemented yet; use ASCEND_KERNEL_ATTENTION_BACKEND=vllm-native"
             )
-        return ASCEND_BACKEND_PATH
+        return ASCEND_MLA_BACKEND_PATH if selector_config.use_mla else ASCEND_BACKEND_PATH
 
 
 def ascend_supported(ctx: Any) -> str | None:
     model = ctx.vllm_config.model_config
-    if model is not None and model.use_mla:
-        return "MLA models need the Ascend MLA backend (not implemented yet)"
     if model is not None and hasattr(model.hf_text_config, "index_topk"):
         return "sparse-attention models need the Ascend SFA backend (not implemented yet)"
     return None

@@ -17,7 +17,7 @@ from typing import Any
 from ascend_kernel.config_changes import ConfigChange, change
 
 
-def mla_cpu_fixups(vllm_config: Any) -> list[ConfigChange]:
+def mla_cpu_fixups(vllm_config: Any, attention_backend: str = "auto") -> list[ConfigChange]:
     model = getattr(vllm_config, "model_config", None)
     if model is None or not model.use_mla:
         return []
@@ -29,7 +29,8 @@ def mla_cpu_fixups(vllm_config: Any) -> list[ConfigChange]:
     import torch
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    if model.dtype == torch.float32 and vllm_config.attention_config.backend is None:
+    uses_vllm_backend = attention_backend in ("auto", "vllm-native")
+    if uses_vllm_backend and model.dtype == torch.float32 and vllm_config.attention_config.backend is None:
         changes.append(change(vllm_config, "attention_config.backend", AttentionBackendEnum.CPU_MLA,
                               "the AMX MLA backend rejects float32 weights; CPU_MLA runs them"))
     return [c for c in changes if c is not None]

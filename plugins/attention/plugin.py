@@ -62,4 +62,4 @@ def ascend_kernel_configure(settings, vllm_config, device):
         return None
     from ascend_kernel_plugins.attention.cpu_fixups import mla_cpu_fixups
 
-    return mla_cpu_fixups(vllm_config)
+    return mla_cpu_fixups(vllm_config, settings.attention_backend)

@@ -61,3 +61,28 @@ def test_ngram_speculative_decoding(tiny_llama):
     run = generate(tiny_llama, "--speculative-config", spec, env=ASCEND, max_tokens=MAX_TOKENS, prompts=prompts)
     check(tiny_llama, run, "SpecDecoding")
     assert run["report"]["trace"]["rejection_sampler_calls"] > 0
+
+
+@pytest.fixture(scope="module")
+def tiny_deepseek(tmp_path_factory):
+    from ascend_kernel.tiny_models import create_tiny_model
+
+    return create_tiny_model("deepseek_v2", tmp_path_factory.mktemp("dsv2") / "deepseek_v2")
+
+
+def test_mla_backend_prefill_and_decode(tiny_deepseek):
+    run = generate(tiny_deepseek, env=ASCEND, max_tokens=MAX_TOKENS)
+    states = check(tiny_deepseek, run, "DecodeOnly")
+    assert states == {"PrefillNoCache": 1, "DecodeOnly": MAX_TOKENS - 1}
+    changes = {c["path"] for c in run["report"]["config_changes"]}
+    assert "attention_config.backend" not in changes  # CPU_MLA is only picked for vllm-native
+    assert "compilation_config.custom_ops" in changes
+
+
+def test_mla_backend_ngram_spec_decoding(tiny_deepseek):
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3,
+                       "prompt_lookup_min": 1})
+    # this model repeats " is" after this prompt: the n-gram drafter finds it in the prompt
+    prompts = ["The capital of France is", LONG + "the quick"]
+    run = generate(tiny_deepseek, "--speculative-config", spec, env=ASCEND, max_tokens=MAX_TOKENS, prompts=prompts)
+    check(tiny_deepseek, run, "SpecDecoding")

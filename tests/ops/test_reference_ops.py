@@ -169,3 +169,19 @@ def test_provider_choice():
     assert provider_name("auto", "npu") == "torch_npu"
     with pytest.raises(SettingsError, match="needs an NPU"):
         provider_name("torch_npu", "cpu")
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([1, 2, 4]), st.sampled_from([4, 16]), st.lists(st.integers(1, 40), min_size=1, max_size=4),
+       st.integers(0, 2**16))
+def test_mla_decode_matches_naive_latent_attention(heads, block_size, lens, seed):
+    gen = torch.Generator().manual_seed(seed)
+    rank, rope = 32, 8
+    cache, _, table, latents, _ = paged(0, block_size, 1, rank + rope, lens, gen)
+    q = torch.randn(len(lens), heads, rank + rope, generator=gen)
+    scale = 0.3
+    out = ops.paged_attention_mla(q, cache, table, torch.tensor(lens), scale, heads, rank)
+    for r, n in enumerate(lens):
+        keys = latents[r][:, 0].double()  # [n, rank + rope]: latent (nope) then rotary key (rope)
+        probs = (q[r].double() @ keys.T * scale).softmax(-1)  # [heads, n]
+        torch.testing.assert_close(out[r].double(), probs @ keys[:, :rank], rtol=1e-4, atol=1e-4)
