@@ -20,8 +20,13 @@ class ConfigChange:
     plugin: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "old": repr(self.old), "new": repr(self.new),
+        return {"path": self.path, "old": _shown(self.old), "new": _shown(self.new),
                 "reason": self.reason, "plugin": self.plugin}
+
+
+def _shown(value: Any) -> str:
+    """Values as text for reports (already-shown text is kept as is)."""
+    return value if isinstance(value, str) else repr(value)
 
 
 def change(root: Any, path: str, value: Any, reason: str) -> ConfigChange | None:

@@ -196,8 +196,28 @@ def activate(vllm_config: Any, *, configure: bool) -> Kernel:
             kind = resolve_device_kind(settings) or "cpu"
             _current = build_kernel(settings, kind)
             if configure:
-                _current.configure(vllm_config)
+                changes = _current.configure(vllm_config)
+                _remember_changes(vllm_config, changes)
+            else:
+                _current.config_changes.extend(_recorded_changes(vllm_config))
         return _current
+
+
+#: where the platform leaves its config changes for worker processes (the
+#: config is pickled to them; the changes themselves are already applied)
+_CHANGES_KEY = "ascend_kernel_config_changes"
+
+
+def _remember_changes(vllm_config: Any, changes: list[ConfigChange]) -> None:
+    extra = getattr(vllm_config, "additional_config", None)
+    if isinstance(extra, dict):
+        extra[_CHANGES_KEY] = [c.as_dict() for c in changes]
+
+
+def _recorded_changes(vllm_config: Any) -> list[ConfigChange]:
+    extra = getattr(vllm_config, "additional_config", None) or {}
+    return [ConfigChange(c["path"], c["old"], c["new"], c["reason"], c["plugin"])
+            for c in extra.get(_CHANGES_KEY, [])]
 
 
 def current() -> Kernel:

@@ -10,12 +10,32 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from typing import Any, Sequence
 
 from ascend_kernel.errors import KernelError
 
 DEFAULT_PROMPTS = ("The capital of France is", "Once upon a time, there was a")
+
+
+@contextlib.contextmanager
+def _engine_output_to_stderr():
+    """vLLM and its engine/worker processes log to stdout; keep stdout for our own output.
+
+    Both the Python-level stream and file descriptor 1 (inherited by child
+    processes) point at stderr while the engine lives.
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _emit(args: argparse.Namespace, payload: Any, text: str) -> None:
@@ -113,7 +133,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from ascend_kernel.cli import engine
 
     engine.prepare_process(kernel=True)
-    with contextlib.redirect_stdout(sys.stderr):  # vLLM logs to stdout; ours stays clean
+    with _engine_output_to_stderr():
         llm = engine.build_llm(_engine_request(args, kernel=True))
         try:
             report = engine.kernel_report(llm)
@@ -131,7 +151,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     device = engine.prepare_process(kernel=not args.stock)
     prompts = args.prompt or list(DEFAULT_PROMPTS)
-    with contextlib.redirect_stdout(sys.stderr):  # vLLM logs to stdout; ours stays clean
+    with _engine_output_to_stderr():
         from vllm import SamplingParams
 
         llm = engine.build_llm(_engine_request(args, kernel=not args.stock))
