@@ -81,7 +81,7 @@ def info_of(pm, name):
     return next(i for i in pm.infos if i.name == name)
 
 
-CTX = SimpleNamespace(vllm_config=None)
+CTX = SimpleNamespace(vllm_config=None, settings=load_settings())
 CPU = DeviceInfo(kind="cpu", soc=None)
 
 SAMPLER_PLUGIN = """
@@ -128,7 +128,7 @@ def test_thirdparty_sampler_discovered_and_chosen(install):
     assert demo.as_dict()["essential"] is None
 
     entries = pm.implementations("ascend_kernel_samplers", "sampler")
-    assert sorted(e.name for e in entries) == ["demo-sampler", "vllm-default"]
+    assert sorted(e.name for e in entries) == ["ascend-topk-topp", "demo-sampler", "vllm-default"]
     chosen, record = choose("sampler", entries, CTX, forced=None, forcing_setting="ASCEND_KERNEL_SAMPLER")
     assert chosen.name == "demo-sampler"
     assert record.plugin == "demo"
@@ -325,7 +325,8 @@ def test_disable_a_thirdparty_plugin_via_additional_config(install):
     install({"demo": SAMPLER_PLUGIN})
     pm = manager(disable_plugins=["demo"])
     assert info_of(pm, "demo").status == "disabled"
-    assert [e.name for e in pm.implementations("ascend_kernel_samplers", "sampler")] == ["vllm-default"]
+    assert [e.name for e in pm.implementations("ascend_kernel_samplers", "sampler")] == ["vllm-default",
+                                                                                       "ascend-topk-topp"]
 
 
 def test_disable_plugins_none_is_not_a_crash():
@@ -401,7 +402,8 @@ def test_call_each_only_calls_implementers_and_keeps_origin(install):
     names = [name for name, _ in pm.call_each("ascend_kernel_samplers")]
     assert names == ["sampling", "demo"]
     entries = pm.implementations("ascend_kernel_samplers", "sampler")
-    assert {(e.name, e.plugin) for e in entries} == {("vllm-default", "sampling"), ("demo-sampler", "demo")}
+    assert {(e.name, e.plugin) for e in entries} == {("vllm-default", "sampling"), ("ascend-topk-topp", "sampling"),
+                                                     ("demo-sampler", "demo")}
     assert pm.entry_point_of("nobody") == "?"
 
 
