@@ -51,6 +51,21 @@ class TorchNpuOps:
                                            mla_vheadsize=v_head_size, out=out)
         return out
 
+    def lightning_indexer(self, query, key_cache, weights, query_lens, context_lens, block_table, sparse_count):
+        # CANN custom op (registered by the Ascend custom-ops package under torch.ops.custom)
+        return torch.ops.custom.npu_lightning_indexer(
+            query, key_cache, weights, actual_seq_lengths_query=torch.cumsum(query_lens, 0).to(torch.int32),
+            actual_seq_lengths_key=context_lens.to(torch.int32), block_table=block_table,
+            layout_query="TND", layout_key="PA_BSND", sparse_count=sparse_count, sparse_mode=3)
+
+    def sparse_attention_mla(self, query, query_rope, nope_cache, rope_cache, sparse_indices, query_lens,
+                             block_table, context_lens, scale):
+        return torch.ops.custom.npu_sparse_flash_attention(
+            query, nope_cache, nope_cache, sparse_indices.unsqueeze(1), scale, 1, block_table=block_table,
+            actual_seq_lengths_query=torch.cumsum(query_lens, 0).to(torch.int32),
+            actual_seq_lengths_kv=context_lens.to(torch.int32), query_rope=query_rope, key_rope=rope_cache,
+            layout_query="TND", layout_kv="PA_BSND", sparse_mode=3)
+
     def rms_norm(self, x, weight, eps):
         return self._npu.npu_rms_norm(x, weight, eps)
 

@@ -104,6 +104,46 @@ class ReferenceOps:
             out[i : i + 1] = _attend(query[i : i + 1], rows, rows[..., :v_head_size], allowed, scale)
         return out
 
+    def lightning_indexer(self, query: torch.Tensor, key_cache: torch.Tensor, weights: torch.Tensor,
+                          query_lens: torch.Tensor, context_lens: torch.Tensor, block_table: torch.Tensor,
+                          sparse_count: int) -> torch.Tensor:
+        """SFA's token selection: for each query token, the ``sparse_count`` best earlier positions.
+
+        ``query`` [T, G, D] (indexer heads), ``key_cache`` [blocks, block_size, 1, D],
+        ``weights`` [T, G]. Score of position j: sum_g w_g * relu(q_g . k_j), causal
+        (a query at position p sees 0..p). Returns [T, sparse_count] positions, -1 padded.
+        """
+        out = torch.full((query.shape[0], sparse_count), -1, dtype=torch.int32, device=query.device)
+        start = 0
+        for i, (q_len, length) in enumerate(zip(query_lens.tolist(), context_lens.tolist())):
+            keys = _gather(key_cache, block_table[i], length)[:, 0].float()  # [length, D]
+            for t in range(q_len):
+                pos = length - q_len + t
+                scores = (torch.relu(query[start + t].float() @ keys[: pos + 1].T) * weights[start + t, :, None]).sum(0)
+                k = min(sparse_count, pos + 1)
+                out[start + t, :k] = scores.topk(k).indices.to(torch.int32)
+            start += q_len
+        return out
+
+    def sparse_attention_mla(self, query: torch.Tensor, query_rope: torch.Tensor, nope_cache: torch.Tensor,
+                             rope_cache: torch.Tensor, sparse_indices: torch.Tensor, query_lens: torch.Tensor,
+                             block_table: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+        """MLA attention of each query token over only its selected positions (values = the latent)."""
+        out = query.new_empty(query.shape)
+        start = 0
+        for i, (q_len, length) in enumerate(zip(query_lens.tolist(), context_lens.tolist())):
+            nope = _gather(nope_cache, block_table[i], length)[:, 0]
+            rope = _gather(rope_cache, block_table[i], length)[:, 0]
+            for t in range(q_len):
+                idx = sparse_indices[start + t]
+                idx = idx[idx >= 0].long()
+                keys = torch.cat([nope[idx], rope[idx]], dim=-1).unsqueeze(1).expand(-1, query.shape[1], -1)
+                q = torch.cat([query[start + t], query_rope[start + t]], dim=-1).unsqueeze(0)
+                allowed = torch.ones(1, idx.numel(), dtype=torch.bool, device=query.device)
+                out[start + t] = _attend(q, keys, keys[..., : query.shape[-1]], allowed, scale)[0]
+            start += q_len
+        return out
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(normalised x * weight, reciprocal RMS) like ``npu_rms_norm``."""
         xf = x.float()

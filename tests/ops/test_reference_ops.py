@@ -185,3 +185,41 @@ def test_mla_decode_matches_naive_latent_attention(heads, block_size, lens, seed
         keys = latents[r][:, 0].double()  # [n, rank + rope]: latent (nope) then rotary key (rope)
         probs = (q[r].double() @ keys.T * scale).softmax(-1)  # [heads, n]
         torch.testing.assert_close(out[r].double(), probs @ keys[:, :rank], rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from([1, 2, 4]), st.sampled_from([4, 16]), st.lists(st.integers(1, 30), min_size=1, max_size=3),
+       st.integers(1, 12), st.integers(0, 2**16), st.data())
+def test_sfa_indexer_and_sparse_attention_match_naive(groups, block_size, lens, topk, seed, data):
+    gen = torch.Generator().manual_seed(seed)
+    dim, rank, rope, heads = 16, 32, 8, 2
+    q_lens = [data.draw(st.integers(1, n)) for n in lens]
+    index_cache, _, table, index_keys, _ = paged(0, block_size, 1, dim, lens, gen)
+    # the latent cache lives on the same blocks as the indexer cache (one block table)
+    latents = [torch.randn(n, 1, rank + rope, generator=gen) for n in lens]
+    latent_cache = torch.zeros(index_cache.shape[0], block_size, 1, rank + rope)
+    slots = torch.cat([torch.tensor([int(table[r, t // block_size]) * block_size + t % block_size for t in range(n)])
+                       for r, n in enumerate(lens)])
+    ops.reshape_and_cache(torch.cat(latents)[:, :, :rank], torch.cat(latents)[:, :, rank:],
+                          latent_cache[..., :rank], latent_cache[..., rank:], slots)
+    T = sum(q_lens)
+    q_idx = torch.randn(T, groups, dim, generator=gen)
+    w = torch.rand(T, groups, generator=gen)
+    selected = ops.lightning_indexer(q_idx, index_cache, w, torch.tensor(q_lens), torch.tensor(lens), table, topk)
+    q, q_rope = torch.randn(T, heads, rank, generator=gen), torch.randn(T, heads, rope, generator=gen)
+    out = ops.sparse_attention_mla(q, q_rope, latent_cache[..., :rank], latent_cache[..., rank:], selected,
+                                   torch.tensor(q_lens), table, torch.tensor(lens), 0.2)
+    start = 0
+    for r, (n, ql) in enumerate(zip(lens, q_lens)):
+        keys = index_keys[r][:, 0].double()
+        for t in range(ql):
+            pos = n - ql + t
+            scores = (torch.relu(q_idx[start + t].double() @ keys[: pos + 1].T) * w[start + t, :, None]).sum(0)
+            want = set(scores.topk(min(topk, pos + 1)).indices.tolist())
+            got = selected[start + t]
+            assert set(got[got >= 0].tolist()) == want and int((got < 0).sum()) == topk - len(want)
+            lat = latents[r][:, 0].double()[sorted(want)]
+            qq = torch.cat([q[start + t], q_rope[start + t]], -1).double()
+            probs = (qq @ lat.T * 0.2).softmax(-1)
+            torch.testing.assert_close(out[start + t].double(), probs @ lat[:, :rank], rtol=1e-4, atol=1e-4)
+        start += ql
