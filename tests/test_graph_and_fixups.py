@@ -145,3 +145,29 @@ def test_npu_platform_class_imports_with_ascend_device_facts():
     assert (KernelNpuPlatform.device_type, KernelNpuPlatform.dispatch_key, KernelNpuPlatform.dist_backend) == (
         "npu", "PrivateUse1", "hccl")
     assert KernelNpuPlatform.device_control_env_var == "ASCEND_RT_VISIBLE_DEVICES"
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "falcon_h1"])
+def test_npu_refuses_prefix_caching_and_spec_decode_for_mamba_state(tmp_path, arch):
+    from vllm.config import ModelConfig, VllmConfig
+
+    from ascend_kernel.errors import SettingsError
+    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel_plugins.kv_cache.mamba import ascend_kernel_configure
+
+    path = create_tiny_model(arch, tmp_path / arch)
+    cfg = VllmConfig(model_config=ModelConfig(model=str(path), max_model_len=128))
+    cfg.cache_config.enable_prefix_caching = True
+    with pytest.raises(SettingsError, match="prefix caching is not supported.*enable_prefix_caching=False"):
+        ascend_kernel_configure(load_settings(), cfg, DeviceInfo("npu", "A2"))
+    assert ascend_kernel_configure(load_settings(), cfg, DeviceInfo("cpu", None)) is None  # vLLM-CPU handles it
+    cfg.cache_config.enable_prefix_caching = False
+    assert ascend_kernel_configure(load_settings(), cfg, DeviceInfo("npu", "A2")) is None
+
+
+def test_npu_mamba_limits_leave_attention_models_alone(llama_dir):
+    from ascend_kernel_plugins.kv_cache.mamba import ascend_kernel_configure
+
+    cfg = config(llama_dir)
+    cfg.cache_config.enable_prefix_caching = True
+    assert ascend_kernel_configure(load_settings(), cfg, DeviceInfo("npu", "A2")) is None

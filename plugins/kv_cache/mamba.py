@@ -50,6 +50,43 @@ class MambaLayout(PageViewLayout):
         return state_views(page_view, spec)
 
 
+def has_mamba_state(vllm_config: Any) -> bool:
+    model = getattr(vllm_config, "model_config", None)
+    return bool(model is not None and model.has_inner_state)
+
+
+def npu_mamba_limits(vllm_config: Any) -> None:
+    """What the Ascend Mamba path cannot serve, refused before anything is allocated.
+
+    Its state cache holds one state per sequence (no per-block checkpoints),
+    so prefix caching cannot resume from a cached prefix, and a speculative
+    verification step would need the states of rejected tokens rolled back.
+    """
+    from ascend_kernel.errors import SettingsError
+
+    if not has_mamba_state(vllm_config):
+        return
+    model = vllm_config.model_config.model
+    if vllm_config.cache_config.enable_prefix_caching:
+        raise SettingsError(
+            f"model {model!r} has Mamba state layers: prefix caching is not supported with them on Ascend; "
+            "start the engine with enable_prefix_caching=False"
+        )
+    spec = vllm_config.speculative_config
+    if spec is not None:
+        raise SettingsError(
+            f"model {model!r} has Mamba state layers: speculative decoding ({spec.method}) is not supported "
+            "with them on Ascend; remove speculative_config"
+        )
+
+
+@hookimpl
+def ascend_kernel_configure(settings: Any, vllm_config: Any, device: Any):
+    if device.kind == "npu":
+        npu_mamba_limits(vllm_config)
+    return None
+
+
 @hookimpl
 def ascend_kernel_kv_cache_layouts() -> list[Implementation]:
     return [
