@@ -157,7 +157,7 @@ def ascend_kernel_moe_comm_policies() -> "list[Implementation]":
 def ascend_kernel_drafters() -> "list[Implementation]":
     """Offer drafters (family ``drafter``; optional: unused without a speculative config).
 
-    ``supports(ctx)`` should check ``ctx.vllm_config.speculative_config.method``.
+    ``supports(ctx)`` should check the speculative method the vLLM config asks for.
     The built object must provide ``build(runner) -> proposer``: the proposer
     vLLM's runner keeps as ``runner.drafter`` (same interface as vLLM's
     proposers: ``propose(...)``, ``load_model(...)``).
