@@ -29,6 +29,15 @@ def vllm_native_supported(ctx: Any) -> str | None:
 
 ASCEND_BACKEND_PATH = "ascend_kernel_plugins.attention.ascend.backend.AscendAttentionBackend"
 ASCEND_MLA_BACKEND_PATH = "ascend_kernel_plugins.attention.ascend.mla.AscendMLABackend"
+ASCEND_310P_BACKEND_PATH = "ascend_kernel_plugins.attention.ascend.backend.Ascend310PAttentionBackend"
+
+
+def _register(name: str, path: str) -> None:
+    """vLLM resolves backends by enum name: add ours to its registry (idempotent)."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    if name not in AttentionBackendEnum.__members__:
+        register_backend(name, path)
 
 
 class AscendBackendProvider:
@@ -37,12 +46,8 @@ class AscendBackendProvider:
     __slots__ = ()
 
     def __init__(self) -> None:
-        # vLLM resolves backends by enum name: add ours to its registry (idempotent).
-        from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
-
-        for name, path in (("ASCEND", ASCEND_BACKEND_PATH), ("ASCEND_MLA", ASCEND_MLA_BACKEND_PATH)):
-            if name not in AttentionBackendEnum.__members__:
-                register_backend(name, path)
+        _register("ASCEND", ASCEND_BACKEND_PATH)
+        _register("ASCEND_MLA", ASCEND_MLA_BACKEND_PATH)
 
     def backend_class_path(self, selected_backend: Any, selector_config: Any, num_heads: int | None,
                            platform_default: Callable[[], str]) -> str:
@@ -57,4 +62,26 @@ def ascend_supported(ctx: Any) -> str | None:
     model = ctx.vllm_config.model_config
     if model is not None and hasattr(model.hf_text_config, "index_topk"):
         return "sparse-attention models need the Ascend SFA backend (not implemented yet)"
+    return None
+
+
+class Ascend310PBackendProvider:
+    """310P: the standard paged-attention kernels over NZ-format caches; no MLA/SFA on this SoC."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        _register("ASCEND_310P", ASCEND_310P_BACKEND_PATH)
+
+    def backend_class_path(self, selected_backend: Any, selector_config: Any, num_heads: int | None,
+                           platform_default: Callable[[], str]) -> str:
+        return ASCEND_310P_BACKEND_PATH
+
+
+def ascend_310p_supported(ctx: Any) -> str | None:
+    if ctx.device.soc != "310P":
+        return f"the SoC is {ctx.device.soc}, not 310P"
+    model = ctx.vllm_config.model_config
+    if model is not None and (model.use_mla or hasattr(model.hf_text_config, "index_topk")):
+        return "310P has no MLA/SFA attention kernels"
     return None

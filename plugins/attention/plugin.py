@@ -53,6 +53,14 @@ def ascend_kernel_attention_backends() -> list[Implementation]:
             supports=backends.ascend_supported,
             description="Ascend paged attention over the ops seam (torch_npu on NPU, reference elsewhere)",
         ),
+        Implementation(
+            family="attention_backend",
+            name="ascend-310p",
+            factory=lambda ctx: backends.Ascend310PBackendProvider(),
+            supports=backends.ascend_310p_supported,
+            priority=5,  # outranks the generic Ascend backend on a 310P
+            description="Ascend paged attention with NZ-format KV caches (Atlas 300I / 310P)",
+        ),
     ]
 
 

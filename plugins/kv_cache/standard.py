@@ -23,8 +23,9 @@ from ascend_kernel_plugins.kv_cache.common import PageViewLayout, handles_spec, 
 
 ASCEND_KERNEL_ESSENTIAL = "full-attention layers (every decoder model) need the standard KV layout"
 
-#: ACL storage format ND: the paged-attention kernels read ND caches
+#: ACL storage formats: ND for the paged-attention kernels, FRACTAL_NZ on 310P
 ACL_FORMAT_ND = 2
+ACL_FORMAT_FRACTAL_NZ = 29
 
 
 class StandardKVLayout(PageViewLayout):
@@ -33,9 +34,10 @@ class StandardKVLayout(PageViewLayout):
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
         self.device = Device(ctx.device.kind)
+        self.acl_format = ACL_FORMAT_FRACTAL_NZ if ctx.device.soc == "310P" else ACL_FORMAT_ND
 
     def post(self, view: torch.Tensor) -> torch.Tensor:
-        return self.device.format_cast(view, ACL_FORMAT_ND)
+        return self.device.format_cast(view, self.acl_format)
 
     @staticmethod
     def k_and_v(view: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -86,3 +86,27 @@ def test_mla_backend_ngram_spec_decoding(tiny_deepseek):
     prompts = ["The capital of France is", LONG + "the quick"]
     run = generate(tiny_deepseek, "--speculative-config", spec, env=ASCEND, max_tokens=MAX_TOKENS, prompts=prompts)
     check(tiny_deepseek, run, "SpecDecoding")
+
+
+def test_310p_variant_is_chosen_on_a_310p_and_matches_hf(tiny_llama):
+    env = clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_SOC="310P", ASCEND_KERNEL_ATTENTION_BACKEND="ascend-310p")
+    run = generate(tiny_llama, env=env, max_tokens=MAX_TOKENS)
+    oracle = hf_greedy(tiny_llama, [o["prompt_token_ids"] for o in run["outputs"]], MAX_TOKENS)
+    assert_same_tokens(tiny_llama, run, oracle)
+    backend = next(d for d in run["report"]["decisions"] if d["family"] == "attention_backend")
+    assert backend["chosen"] == "ascend-310p"
+    reasons = {c["name"]: c["reason"] for c in backend["candidates"]}
+    assert reasons["ascend"].startswith("not the forced name")
+
+
+def test_310p_variant_refuses_other_socs_and_mla(tiny_llama, tiny_deepseek):
+    from tests.e2e.conftest import run_cli
+
+    proc = run_cli(["generate", "--model", str(tiny_llama), "--max-tokens", "2"],
+                   env=clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_SOC="A2",
+                                 ASCEND_KERNEL_ATTENTION_BACKEND="ascend-310p"), expect_rc=2)
+    assert "the SoC is A2, not 310P" in proc.stderr
+    proc = run_cli(["generate", "--model", str(tiny_deepseek), "--max-tokens", "2"],
+                   env=clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_SOC="310P",
+                                 ASCEND_KERNEL_ATTENTION_BACKEND="ascend-310p"), expect_rc=2)
+    assert "310P has no MLA/SFA attention kernels" in proc.stderr

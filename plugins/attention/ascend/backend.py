@@ -188,3 +188,13 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
                                                      self.num_kv_heads)
         output[:n].copy_(out.reshape(output[:n].shape))
         return output
+
+
+class Ascend310PAttentionBackend(AscendAttentionBackend):
+    """The 310P variant: same kernels, KV caches in the FRACTAL_NZ format (set by the standard layout)."""
+
+    graph_capture_support: ClassVar[str] = "none"
+
+    @staticmethod
+    def get_name() -> str:
+        return "ASCEND_310P"
