@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 #: Architectures :func:`create_tiny_model` can build.
-SUPPORTED_ARCHS: tuple[str, ...] = ("llama", "deepseek_v2", "qwen2_moe", "mamba2", "falcon_h1")
+SUPPORTED_ARCHS: tuple[str, ...] = ("llama", "deepseek_v2", "qwen2_moe", "mamba2", "falcon_h1", "qwen3_next")
 
 #: Weight dtypes accepted for ``dtype`` (float32 is the one the tests compare in).
 SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
@@ -382,11 +382,44 @@ def _falcon_h1_config(vocab_size: int) -> Any:
     )
 
 
+def _qwen3_next_config(vocab_size: int) -> Any:
+    """Qwen3-Next: gated delta-net linear attention + full attention, MoE (vLLM-CPU runs it in bfloat16)."""
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        layer_types=["linear_attention", "full_attention"],
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        partial_rotary_factor=0.25,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        decoder_sparse_step=1,
+        norm_topk_prob=True,
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        initializer_range=INIT_STD,
+    )
+
+
 _BUILDERS: dict[str, Callable[[int], Any]] = {
     "llama": _llama_config,
     "deepseek_v2": _deepseek_v2_config,
     "qwen2_moe": _qwen2_moe_config,
     "mamba2": _mamba2_config,
     "falcon_h1": _falcon_h1_config,
+    "qwen3_next": _qwen3_next_config,
 }
 assert tuple(_BUILDERS) == SUPPORTED_ARCHS

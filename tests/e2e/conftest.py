@@ -52,12 +52,13 @@ def generate(model: Path, *extra: str, env: dict[str, str] | None = None, max_to
     return json.loads(proc.stdout[proc.stdout.index("{"):])
 
 
-def hf_greedy(model: Path, prompt_token_ids: list[list[int]], max_tokens: int) -> list[list[int]]:
+def hf_greedy(model: Path, prompt_token_ids: list[list[int]], max_tokens: int,
+              dtype: str = "float32") -> list[list[int]]:
     """Transformers' own greedy generation: the independent oracle."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    hf = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
     hf.eval()
     out = []
     with torch.no_grad():

@@ -113,3 +113,18 @@ def test_falcon_h1_hybrid_attention_and_mamba_in_one_allocation(models):
     # vLLM overlays the attention and Mamba groups on one backing buffer: both address all of it
     assert {u["layout"]: u["layers"] for u in kv["layouts"]} == {"standard": 2, "mamba": 2}
     assert kv["allocated_bytes"] == kv["requested_bytes"]
+
+
+def test_qwen3_next_gated_delta_net_hybrid_in_bfloat16(tmp_path_factory):
+    """Full attention + gated delta-net states (vLLM-CPU's GDN kernel needs bfloat16)."""
+    from ascend_kernel.tiny_models import create_tiny_model
+
+    model = create_tiny_model("qwen3_next", tmp_path_factory.mktemp("q3n") / "qwen3_next", dtype="bfloat16")
+    run = generate(model, "--dtype", "bfloat16", env=KERNEL, max_tokens=MAX_TOKENS)
+    stock = generate(model, "--dtype", "bfloat16", "--stock", max_tokens=MAX_TOKENS)
+    assert tokens(run) == tokens(stock)
+    oracle = hf_greedy(model, [o["prompt_token_ids"] for o in run["outputs"]], MAX_TOKENS, dtype="bfloat16")
+    assert tokens(run) == oracle
+    chosen = {d["subject"]: d["chosen"] for d in run["report"]["decisions"] if d["family"] == "kv_cache"}
+    assert chosen == {"FullAttentionSpec": "standard", "MambaSpec": "mamba"}
+    assert run["report"]["trace"]["moe_methods"] == {"naive_multicast": 1, "allgather": MAX_TOKENS - 1}
