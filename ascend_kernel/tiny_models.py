@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 #: Architectures :func:`create_tiny_model` can build.
-SUPPORTED_ARCHS: tuple[str, ...] = ("llama", "deepseek_v2", "qwen2_moe", "mamba2", "falcon_h1", "qwen3_next")
+SUPPORTED_ARCHS: tuple[str, ...] = ("llama", "deepseek_v2", "qwen2_moe", "mamba2", "falcon_h1", "qwen3_next", "bert")
 
 #: Weight dtypes accepted for ``dtype`` (float32 is the one the tests compare in).
 SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
@@ -179,7 +179,7 @@ def _move_into_place(tmp: Path, out: Path, wanted: dict[str, Any]) -> None:
 def _build(arch: str, out: Path, *, seed: int, dtype: str) -> None:
     """Write tokenizer, config, weights and generation config for ``arch`` into ``out``."""
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModel, AutoModelForCausalLM, GenerationConfig
 
     tokenizer = _build_tokenizer()
     tokenizer.save_pretrained(out)
@@ -191,7 +191,9 @@ def _build(arch: str, out: Path, *, seed: int, dtype: str) -> None:
     config.pad_token_id = ids["pad_token"]
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # encoder-only (embedding) models have no LM head: the bare encoder is saved
+    auto = AutoModel if arch in ENCODER_ARCHS else AutoModelForCausalLM
+    model = auto.from_config(config, dtype=torch.float32)
     _init_weights(model, seed)
     torch_dtype = getattr(torch, dtype)
     model.to(torch_dtype)
@@ -414,6 +416,25 @@ def _qwen3_next_config(vocab_size: int) -> Any:
     )
 
 
+def _bert_config(vocab_size: int) -> Any:
+    """BERT encoder for embeddings: encoder-only attention, no KV cache at all."""
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=256,
+        max_position_embeddings=MAX_POSITIONS,
+        initializer_range=INIT_STD,
+    )
+
+
+#: architectures saved as bare encoders (embedding models) rather than causal LMs
+ENCODER_ARCHS = frozenset({"bert"})
+
+
 _BUILDERS: dict[str, Callable[[int], Any]] = {
     "llama": _llama_config,
     "deepseek_v2": _deepseek_v2_config,
@@ -421,5 +442,6 @@ _BUILDERS: dict[str, Callable[[int], Any]] = {
     "mamba2": _mamba2_config,
     "falcon_h1": _falcon_h1_config,
     "qwen3_next": _qwen3_next_config,
+    "bert": _bert_config,
 }
 assert tuple(_BUILDERS) == SUPPORTED_ARCHS

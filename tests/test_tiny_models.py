@@ -12,6 +12,7 @@ import pytest
 
 from ascend_kernel.tiny_models import (
     MARKER_NAME,
+    ENCODER_ARCHS,
     SUPPORTED_ARCHS,
     create_tiny_model,
     tiny_model_cache_dir,
@@ -41,13 +42,25 @@ def test_same_seed_gives_identical_bytes_and_other_seed_differs(tmp_path: Path) 
 def test_directory_layout_and_marker(built: dict[str, Path]) -> None:
     for arch, path in built.items():
         names = {p.name for p in path.iterdir()}
-        assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json", MARKER_NAME} <= names
+        assert {"config.json", "model.safetensors", "tokenizer.json", MARKER_NAME} <= names
+        assert arch in ENCODER_ARCHS or "generation_config.json" in names
         marker = json.loads((path / MARKER_NAME).read_text())
         assert (marker["arch"], marker["seed"], marker["dtype"]) == (arch, 0, "float32")
         assert not list(path.parent.glob(".*building*")), "temporary build directories were left behind"
 
 
-@pytest.mark.parametrize("arch", SUPPORTED_ARCHS)
+def test_encoder_model_loads_and_embeds(built: dict[str, Path]) -> None:
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(built["bert"])
+    model = AutoModel.from_pretrained(built["bert"]).eval()
+    with torch.no_grad():
+        hidden = model(**tok([PROMPT], return_tensors="pt")).last_hidden_state
+    assert hidden.shape[-1] == model.config.hidden_size and torch.isfinite(hidden).all()
+
+
+@pytest.mark.parametrize("arch", [a for a in SUPPORTED_ARCHS if a not in ENCODER_ARCHS])
 def test_loads_in_transformers_and_generates(built: dict[str, Path], arch: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
