@@ -82,7 +82,9 @@ def ascend_kernel_attention_backends() -> "list[Implementation]":
     which the platform's ``get_attn_backend_cls`` returns to vLLM. It is
     called by vLLM once per distinct layer kind (MLA or not, sparse or not);
     ``platform_default`` is the base platform's own answer, for providers that
-    delegate.
+    delegate. A provider may also offer
+    ``mla_prefill_backend_cls(selector_config, platform_default) -> type`` to
+    choose vLLM's MLA prefill backend; without it the platform's is kept.
 
     :return: entries for this family (may be empty).
     """

@@ -32,5 +32,14 @@ class KernelPlatformMixin:
         return provider.backend_class_path(selected_backend, selector_config, num_heads, platform_default)
 
     @classmethod
+    def kernel_mla_prefill_backend_cls(cls, selector_config: Any, platform_default: Callable[[], type]) -> type:
+        """Providers may also choose the MLA prefill backend; those that do not keep the platform's."""
+        provider = kernel_mod.current().plan.attention_backend
+        choose_prefill = getattr(provider, "mla_prefill_backend_cls", None)
+        if choose_prefill is None:
+            return platform_default()
+        return choose_prefill(selector_config, platform_default)
+
+    @classmethod
     def set_additional_forward_context(cls, *args: Any, num_tokens: int | None = None, **kwargs: Any) -> dict[str, Any]:
         return kernel_runner.forward_context_extras(num_tokens)

@@ -30,3 +30,10 @@ class KernelCpuPlatform(KernelPlatformMixin, CpuPlatform):
             lambda: super(KernelCpuPlatform, cls).get_attn_backend_cls(
                 selected_backend, attn_selector_config, num_heads),
         )
+
+    @classmethod
+    def get_mla_prefill_backend_cls(cls, mla_selector_config: Any) -> type:
+        return cls.kernel_mla_prefill_backend_cls(
+            mla_selector_config,
+            lambda: super(KernelCpuPlatform, cls).get_mla_prefill_backend_cls(mla_selector_config),
+        )

@@ -57,6 +57,11 @@ class AscendBackendProvider:
             )
         return ASCEND_MLA_BACKEND_PATH if selector_config.use_mla else ASCEND_BACKEND_PATH
 
+    def mla_prefill_backend_cls(self, selector_config: Any, platform_default: Callable[[], type]) -> type:
+        from ascend_kernel_plugins.attention.ascend.mla import AscendMLAPrefillBackend
+
+        return AscendMLAPrefillBackend
+
 
 def ascend_supported(ctx: Any) -> str | None:
     model = ctx.vllm_config.model_config

@@ -9,8 +9,8 @@ non-absorbed prefill (MHA). This backend supplies
   same ``reshape_and_cache`` kernel as standard attention;
 * the decode: ``paged_attention_mla`` over the latent cache.
 
-Prefill runs on the platform's MLA prefill backend (SDPA on a CPU host); an
-Ascend prefill backend is not written yet.
+* the prefill (:class:`AscendMLAPrefillBackend`): causal flash attention over
+  the new tokens, chosen through the platform's MLA-prefill seam.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from vllm.model_executor.layers.attention.mla_attention import (
     MLACommonMetadata,
 )
 from vllm.v1.attention.backend import AttentionType, MultipleOf
+from vllm.v1.attention.backends.mla.prefill.base import MLAPrefillBackend
 
 from ascend_kernel import kernel as kernel_mod
 from ascend_kernel.ops import get_ops
@@ -104,3 +105,50 @@ class AscendMLAImpl(MLACommonImpl[MLACommonMetadata]):
         n = slot_mapping.shape[0]
         self.ops.reshape_and_cache(kv_c_normed[:n].unsqueeze(1), k_pe[:n].reshape(n, 1, -1),
                                    nope_cache, rope_cache, slot_mapping.flatten())
+
+
+class AscendMLAPrefillBackend(MLAPrefillBackend):
+    """MLA prefill (non-absorbed MHA over the new tokens) on the ops seam's flash attention.
+
+    Ascend's flash-attention kernel takes one head size for q, k and v, so v
+    is zero-padded to the q/k head size and the output sliced back, as the
+    Ascend MLA prefill does. Context chunks (a prefill over an already cached
+    prefix) are not supported yet; vLLM-CPU never schedules them for MLA.
+    """
+
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+
+    @staticmethod
+    def get_name() -> str:
+        return "ASCEND_MLA_PREFILL"
+
+    def __init__(self, num_heads: int, scale: float, kv_lora_rank: int, qk_nope_head_dim: int,
+                 qk_rope_head_dim: int, v_head_dim: int, vllm_config: Any) -> None:
+        super().__init__(num_heads, scale, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim,
+                         vllm_config)
+        kernel = kernel_mod.current()
+        self.ops = get_ops(kernel.settings.ops_provider, kernel.device_info.kind)
+        self.masks = kernel.resolve(vllm_config).attention_mask
+
+    def run_prefill_new_tokens(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, return_softmax_lse: bool,
+                               out: torch.Tensor | None = None,
+                               output_scale: torch.Tensor | None = None) -> torch.Tensor:
+        if return_softmax_lse or output_scale is not None:
+            raise NotImplementedError(
+                "the Ascend MLA prefill does not merge with cached-prefix chunks or fuse output quantization yet"
+            )
+        starts = self._prefill_metadata.query_start_loc.to("cpu")
+        lens = starts[1:] - starts[:-1]
+        v_dim = v.shape[-1]
+        v_padded = torch.nn.functional.pad(v, (0, q.shape[-1] - v_dim)) if v_dim < q.shape[-1] else v
+        mask = self.masks.causal(int(lens.max()), q.dtype, q.device)
+        result = self.ops.flash_attention(q, k, v_padded, mask, lens, float(self.scale), q.shape[1], k.shape[1])
+        result = result[..., :v_dim]
+        if out is not None:
+            out.copy_(result)
+            return out
+        return result
+
+    def run_prefill_context_chunk(self, chunk: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError("the Ascend MLA prefill does not handle cached-prefix chunks yet")
