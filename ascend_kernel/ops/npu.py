@@ -27,6 +27,17 @@ class TorchNpuOps:
                                        scale_value=scale, num_heads=num_heads, num_kv_heads=num_kv_heads, out=out)
         return out
 
+    def ragged_attention_lse(self, query, key, value, q_starts, kv_starts, scale, causal):
+        mask = None
+        if causal:  # sparse_mode 3 reads a compressed 2048 x 2048 causal mask
+            mask = torch.ones(2048, 2048, dtype=torch.bool, device=query.device).triu(1)
+        out, lse = self._npu.npu_fused_infer_attention_score(
+            query, key, value, num_heads=query.shape[1], num_key_value_heads=key.shape[1], input_layout="TND",
+            scale=scale, atten_mask=mask, sparse_mode=3 if causal else 0,
+            actual_seq_lengths=q_starts[1:].tolist(), actual_seq_lengths_kv=kv_starts[1:].tolist(),
+            softmax_lse_flag=True)
+        return out, lse.squeeze(-1).transpose(0, 1).float()
+
     def paged_attention(self, query, key_cache, value_cache, block_table, context_lens, scale, num_heads,
                         num_kv_heads):
         out = torch.empty_like(query)

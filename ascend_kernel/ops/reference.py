@@ -60,6 +60,29 @@ class ReferenceOps:
             start = end
         return out
 
+    def ragged_attention_lse(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             q_starts: torch.Tensor, kv_starts: torch.Tensor, scale: float,
+                             causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Varlen attention that also returns the log-sum-exp, so partial results can be merged.
+
+        Request ``r`` attends its queries ``q_starts[r]:q_starts[r+1]`` to keys
+        ``kv_starts[r]:kv_starts[r+1]``; causal aligns the last query with the
+        last key. Returns out [T, H, Dv] and lse [H, T] (float32).
+        """
+        out = query.new_empty(query.shape[0], query.shape[1], value.shape[-1])
+        lse = torch.empty(query.shape[1], query.shape[0], dtype=torch.float32, device=query.device)
+        q_starts, kv_starts = q_starts.tolist(), kv_starts.tolist()
+        for r in range(len(q_starts) - 1):
+            qs, qe, ks, ke = q_starts[r], q_starts[r + 1], kv_starts[r], kv_starts[r + 1]
+            scores = torch.einsum("nhd,mhd->hnm", query[qs:qe].float(), key[ks:ke].float()) * scale
+            if causal:
+                shift = (ke - ks) - (qe - qs)
+                blocked = torch.ones(qe - qs, ke - ks, dtype=torch.bool, device=query.device).triu(1 + shift)
+                scores = scores.masked_fill(blocked, float("-inf"))
+            lse[:, qs:qe] = torch.logsumexp(scores, dim=-1)
+            out[qs:qe] = torch.einsum("hnm,mhd->nhd", scores.softmax(-1), value[ks:ke].float()).to(out.dtype)
+        return out, lse
+
     def paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                         block_table: torch.Tensor, context_lens: torch.Tensor, scale: float, num_heads: int,
                         num_kv_heads: int) -> torch.Tensor:

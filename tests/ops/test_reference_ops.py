@@ -223,3 +223,38 @@ def test_sfa_indexer_and_sparse_attention_match_naive(groups, block_size, lens, 
             probs = (qq @ lat.T * 0.2).softmax(-1)
             torch.testing.assert_close(out[start + t].double(), probs @ lat[:, :rank], rtol=1e-4, atol=1e-4)
         start += ql
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 12), st.integers(0, 20)), min_size=1, max_size=3), st.booleans(),
+       st.integers(0, 2**16))
+def test_ragged_attention_lse_matches_naive_and_merges(reqs, causal, seed):
+    """Per request: q_len queries over q_len + prefix keys; lse lets two halves merge to the whole."""
+    gen = torch.Generator().manual_seed(seed)
+    heads, dq, dv = 2, 24, 16
+    q_lens = [q for q, _ in reqs]
+    kv_lens = [q + p for q, p in reqs]
+    q = torch.randn(sum(q_lens), heads, dq, generator=gen)
+    k = torch.randn(sum(kv_lens), heads, dq, generator=gen)
+    v = torch.randn(sum(kv_lens), heads, dv, generator=gen)
+    cu = lambda xs: torch.tensor([0, *torch.tensor(xs).cumsum(0).tolist()])  # noqa: E731
+    out, lse = ops.ragged_attention_lse(q, k, v, cu(q_lens), cu(kv_lens), 0.25, causal)
+    qs, ks = cu(q_lens).tolist(), cu(kv_lens).tolist()
+    for r, (ql, kl) in enumerate(zip(q_lens, kv_lens)):
+        s = torch.einsum("nhd,mhd->hnm", q[qs[r]:qs[r + 1]].double(), k[ks[r]:ks[r + 1]].double()) * 0.25
+        if causal:
+            s = s.masked_fill(torch.ones(ql, kl, dtype=torch.bool).triu(1 + kl - ql), float("-inf"))
+        torch.testing.assert_close(lse[:, qs[r]:qs[r + 1]].double(), torch.logsumexp(s, -1), rtol=1e-5, atol=1e-5)
+        ref = torch.einsum("hnm,mhd->nhd", s.softmax(-1), v[ks[r]:ks[r + 1]].double())
+        torch.testing.assert_close(out[qs[r]:qs[r + 1]].double(), ref, rtol=1e-4, atol=1e-4)
+    if not causal and all(p > 0 for _, p in reqs):
+        # split each request's keys into prefix / rest and merge the two partial results by lse
+        pre = [p for _, p in reqs]
+        rest = [q for q, _ in reqs]
+        idx_pre = torch.cat([torch.arange(ks[r], ks[r] + pre[r]) for r in range(len(reqs))])
+        idx_rest = torch.cat([torch.arange(ks[r] + pre[r], ks[r + 1]) for r in range(len(reqs))])
+        o1, l1 = ops.ragged_attention_lse(q, k[idx_pre], v[idx_pre], cu(q_lens), cu(pre), 0.25, False)
+        o2, l2 = ops.ragged_attention_lse(q, k[idx_rest], v[idx_rest], cu(q_lens), cu(rest), 0.25, False)
+        m = torch.logaddexp(l1, l2)
+        merged = o1 * (l1 - m).exp().T[..., None] + o2 * (l2 - m).exp().T[..., None]
+        torch.testing.assert_close(merged, out, rtol=1e-4, atol=1e-5)

@@ -112,8 +112,9 @@ class AscendMLAPrefillBackend(MLAPrefillBackend):
 
     Ascend's flash-attention kernel takes one head size for q, k and v, so v
     is zero-padded to the q/k head size and the output sliced back, as the
-    Ascend MLA prefill does. Context chunks (a prefill over an already cached
-    prefix) are not supported yet; vLLM-CPU never schedules them for MLA.
+    Ascend MLA prefill does. Over a cached prefix (speculative verification,
+    chunked prefill) vLLM merges per-chunk results by their log-sum-exp, which
+    ``ragged_attention_lse`` returns.
     """
 
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
@@ -132,11 +133,12 @@ class AscendMLAPrefillBackend(MLAPrefillBackend):
 
     def run_prefill_new_tokens(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, return_softmax_lse: bool,
                                out: torch.Tensor | None = None,
-                               output_scale: torch.Tensor | None = None) -> torch.Tensor:
-        if return_softmax_lse or output_scale is not None:
-            raise NotImplementedError(
-                "the Ascend MLA prefill does not merge with cached-prefix chunks or fuse output quantization yet"
-            )
+                               output_scale: torch.Tensor | None = None) -> Any:
+        if output_scale is not None:
+            raise NotImplementedError("the Ascend MLA prefill does not fuse output quantization yet")
+        if return_softmax_lse:  # to be merged with cached-prefix chunks (spec verify, chunked prefill)
+            starts = self._prefill_metadata.query_start_loc.to("cpu")
+            return self.ops.ragged_attention_lse(q, k, v, starts, starts, float(self.scale), causal=True)
         starts = self._prefill_metadata.query_start_loc.to("cpu")
         lens = starts[1:] - starts[:-1]
         v_dim = v.shape[-1]
@@ -151,4 +153,8 @@ class AscendMLAPrefillBackend(MLAPrefillBackend):
 
     def run_prefill_context_chunk(self, chunk: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                   out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError("the Ascend MLA prefill does not handle cached-prefix chunks yet")
+        """New tokens over one chunk of their cached prefix (no mask: the prefix precedes them)."""
+        if out is not None:
+            raise NotImplementedError("the Ascend MLA context prefill returns a fresh tensor")
+        return self.ops.ragged_attention_lse(q, k, v, chunk.query_start_loc.to("cpu"), chunk.cu_seq_lens.to("cpu"),
+                                             float(self.scale), causal=False)
