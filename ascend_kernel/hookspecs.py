@@ -48,7 +48,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 @hookspec
 def ascend_kernel_configure(
-    settings: "KernelSettings", vllm_config: Any, device: "DeviceInfo"
+    settings: "KernelSettings", vllm_config: Any, device: "DeviceInfo", requested: Any
 ) -> "list[Any] | None":
     """Validate and fix this plugin's slice of the vLLM configuration.
 
@@ -61,6 +61,10 @@ def ascend_kernel_configure(
     :param vllm_config: vLLM's ``VllmConfig``; the plugin may change it.
     :param device: the device the kernel runs on (kind, Ascend SoC); fix-ups
         that only make sense on an NPU check ``device.kind``.
+    :param requested: ``scheduler_config`` and ``cache_config`` as the user
+        asked for them, before the base vLLM platform adjusted them (copies),
+        so a plugin that can serve what the base platform turned off may turn
+        it back on.
     :return: a list of :class:`ascend_kernel.config_changes.ConfigChange`, one
         per field the plugin changed (the kernel records and logs them), or
         None. To refuse a configuration, raise ``ascend_kernel.errors.KernelError``

@@ -100,12 +100,12 @@ class Kernel:
 
     # -- start-up ------------------------------------------------------------
 
-    def configure(self, vllm_config: Any) -> list[ConfigChange]:
+    def configure(self, vllm_config: Any, requested: Any = None) -> list[ConfigChange]:
         """Let every plugin validate and fix its slice of the config (once)."""
         changes = []
         for plugin, result in self.plugins.call_each(
             "ascend_kernel_configure", settings=self.settings, vllm_config=vllm_config,
-            device=self.device_info,
+            device=self.device_info, requested=requested,
         ):
             for item in result:
                 if not isinstance(item, ConfigChange):
@@ -183,7 +183,7 @@ def build_kernel(settings: KernelSettings, device_kind: str) -> Kernel:
     return Kernel(settings, describe_device(settings, device_kind), KernelPluginManager(settings))
 
 
-def activate(vllm_config: Any, *, configure: bool) -> Kernel:
+def activate(vllm_config: Any, *, configure: bool, requested: Any = None) -> Kernel:
     """Create (or reuse) this process's kernel for ``vllm_config``.
 
     ``configure=True`` runs the config hooks (the platform, once per engine);
@@ -196,7 +196,7 @@ def activate(vllm_config: Any, *, configure: bool) -> Kernel:
             kind = resolve_device_kind(settings) or "cpu"
             _current = build_kernel(settings, kind)
             if configure:
-                changes = _current.configure(vllm_config)
+                changes = _current.configure(vllm_config, requested)
                 _remember_changes(vllm_config, changes)
             else:
                 _current.config_changes.extend(_recorded_changes(vllm_config))

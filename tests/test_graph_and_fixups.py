@@ -171,3 +171,28 @@ def test_npu_mamba_limits_leave_attention_models_alone(llama_dir):
     cfg = config(llama_dir)
     cfg.cache_config.enable_prefix_caching = True
     assert ascend_kernel_configure(load_settings(), cfg, DeviceInfo("npu", "A2")) is None
+
+
+def test_mla_scheduling_is_given_back_only_for_the_ascend_backend(tmp_path):
+    import copy
+    from types import SimpleNamespace
+
+    from vllm.config import ModelConfig, VllmConfig
+
+    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel_plugins.attention.cpu_fixups import restore_mla_scheduling
+
+    path = create_tiny_model("deepseek_v2", tmp_path / "ds")
+    cfg = VllmConfig(model_config=ModelConfig(model=str(path), max_model_len=128))
+    cfg.scheduler_config.enable_chunked_prefill = True
+    cfg.cache_config.enable_prefix_caching = True
+    requested = SimpleNamespace(scheduler_config=copy.copy(cfg.scheduler_config),
+                                cache_config=copy.copy(cfg.cache_config))
+    # what vLLM-CPU does to MLA models on hosts without AMX
+    cfg.scheduler_config.enable_chunked_prefill = False
+    cfg.cache_config.enable_prefix_caching = False
+    assert restore_mla_scheduling(cfg, requested, "vllm-native") == []
+    assert cfg.scheduler_config.enable_chunked_prefill is False
+    changes = restore_mla_scheduling(cfg, requested, "ascend")
+    assert {c.path for c in changes} >= {"scheduler_config.enable_chunked_prefill", "cache_config.enable_prefix_caching"}
+    assert cfg.scheduler_config.enable_chunked_prefill is True and cfg.cache_config.enable_prefix_caching is True

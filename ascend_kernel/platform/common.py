@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+from types import SimpleNamespace
 from typing import Any, Callable
 
 from ascend_kernel import kernel as kernel_mod
@@ -19,10 +21,12 @@ class KernelPlatformMixin:
     @classmethod
     def kernel_check_and_update_config(cls, vllm_config: Any, base: Callable[[Any], None]) -> None:
         parallel = vllm_config.parallel_config
+        requested = SimpleNamespace(scheduler_config=copy.copy(vllm_config.scheduler_config),
+                                    cache_config=copy.copy(vllm_config.cache_config))
         base(vllm_config)
         if parallel.worker_cls in cls.replaced_worker_cls:
             parallel.worker_cls = cls.kernel_worker_cls
-        kernel = kernel_mod.activate(vllm_config, configure=True)
+        kernel = kernel_mod.activate(vllm_config, configure=True, requested=requested)
         kernel.resolve(vllm_config)
 
     @classmethod

