@@ -256,7 +256,7 @@ def test_hookimpl_with_a_subset_of_arguments_is_fine(install):
             return [device.kind]
     """})
     pm = manager()
-    results = dict(pm.call_each("ascend_kernel_configure", settings=pm.settings, vllm_config=None, device=CPU))
+    results = dict(pm.call_each("ascend_kernel_configure", settings=pm.settings, vllm_config=None, device=CPU, requested=None))
     assert results["subset"] == ["cpu"]
 
 
@@ -367,7 +367,7 @@ def test_hook_raising_a_kernel_error_keeps_its_type(install):
     """})
     pm = manager()
     with pytest.raises(SettingsError) as info:
-        pm.call_each("ascend_kernel_configure", settings=pm.settings, vllm_config=None, device=CPU)
+        pm.call_each("ascend_kernel_configure", settings=pm.settings, vllm_config=None, device=CPU, requested=None)
     msg = str(info.value)
     assert "plugin 'strict'" in msg and eps["strict"] in msg and "ENABLE_DBO=1" in msg
 
