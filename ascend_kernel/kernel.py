@@ -83,7 +83,7 @@ class Kernel:
     records: list[DecisionRecord] = field(default_factory=list)
     config_changes: list[ConfigChange] = field(default_factory=list)
     plan: KernelPlan | None = None
-    _kv_layouts: dict[type, Any] = field(default_factory=dict)
+    _kv_layouts: dict[type, tuple[str, Any]] = field(default_factory=dict)
     _entries: dict[str, list[Implementation]] = field(default_factory=dict)
 
     @property
@@ -142,6 +142,10 @@ class Kernel:
 
     def kv_layout_for(self, spec_type: type, vllm_config: Any) -> Any:
         """The layout object for one KV-cache spec class (chosen on first use)."""
+        return self.kv_layout(spec_type, vllm_config)[1]
+
+    def kv_layout(self, spec_type: type, vllm_config: Any) -> tuple[str, Any]:
+        """(name, layout object) for one KV-cache spec class (chosen on first use)."""
         if spec_type not in self._kv_layouts:
             ctx = self.context(vllm_config, subject=spec_type)
             impl, record = choose(
@@ -153,7 +157,7 @@ class Kernel:
                 subject=spec_type.__name__,
             )
             self.records.append(record)
-            self._kv_layouts[spec_type] = impl.build(ctx)
+            self._kv_layouts[spec_type] = (impl.name, impl.build(ctx))
         return self._kv_layouts[spec_type]
 
     def _forced_kv_layout(self, spec_type: type, ctx: SelectionContext) -> str | None:

@@ -124,11 +124,7 @@ class KernelRunnerMixin:
         with kv_cache_allocation_context or nullcontext():
             caches, report = allocate_kv_caches(
                 kv_cache_config,
-                layout_for=lambda spec_type: kernel.kv_layout_for(spec_type, self.vllm_config),
-                layout_name_for=lambda spec_type: next(
-                    r.chosen for r in reversed(kernel.records)
-                    if r.family == "kv_cache" and r.subject == spec_type.__name__
-                ),
+                layout_for=lambda spec_type: kernel.kv_layout(spec_type, self.vllm_config),
                 vllm_config=self.vllm_config,
                 device=kernel.device,
                 torch_device=self.device,

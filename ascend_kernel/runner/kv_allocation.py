@@ -110,8 +110,7 @@ def spec_of_layer(kv_cache_config: Any, layer_name: str) -> tuple[int, Any]:
 def allocate_kv_caches(
     kv_cache_config: Any,
     *,
-    layout_for: Callable[[type], Any],
-    layout_name_for: Callable[[type], str],
+    layout_for: Callable[[type], tuple[str, Any]],
     vllm_config: Any,
     device: Any,
     torch_device: torch.device,
@@ -119,7 +118,10 @@ def allocate_kv_caches(
     runner_only_layers: set[str],
     borrowed_layers: set[str] = frozenset(),
 ) -> tuple[dict[str, torch.Tensor], KVAllocationReport]:
-    """Allocate the backing buffer and view it per layer through the chosen layouts."""
+    """Allocate the backing buffer and view it per layer through the chosen layouts.
+
+    ``layout_for(spec_type)`` returns the (name, layout) chosen for a spec class.
+    """
     report = KVAllocationReport()
     placements = list(kv_cache_config.kv_cache_tensors)
     if not placements:
@@ -135,7 +137,8 @@ def allocate_kv_caches(
         if not placement.layers:
             raise KVCacheAllocationError(f"a KV cache tensor of {placement.size} bytes names no layer")
         group_id, spec = spec_of_layer(kv_cache_config, placement.layers[0])
-        resolved.append((placement, group_id, spec, layout_for(type(spec))))
+        name, layout = layout_for(type(spec))
+        resolved.append((placement, group_id, spec, name, layout))
     alignment = max(layout.alignment(vllm_config) for *_, layout in resolved)
     requested = size
     if alignment > 1:
@@ -149,18 +152,18 @@ def allocate_kv_caches(
     report.backing_data_ptr = backing.data_ptr()
 
     caches: dict[str, torch.Tensor] = {}
-    for placement, group_id, spec, layout in resolved:
+    for placement, group_id, spec, layout_name, layout in resolved:
         kernel_block_size = None
         if kernel_block_sizes is not None and group_id < len(kernel_block_sizes):
             kernel_block_size = kernel_block_sizes[group_id]
         views = layout.views(backing, placement, spec, kv_cache_config.num_blocks_of(placement), kernel_block_size)
         if len(views) != len(placement.layers):
             raise KVCacheAllocationError(
-                f"layout '{layout_name_for(type(spec))}' returned {len(views)} caches for "
+                f"layout '{layout_name}' returned {len(views)} caches for "
                 f"{len(placement.layers)} layers ({placement.layers})"
             )
         usage = report.layouts.setdefault(
-            type(spec).__name__, LayoutUsage(layout_name_for(type(spec)), type(spec).__name__)
+            type(spec).__name__, LayoutUsage(layout_name, type(spec).__name__)
         )
         usage.placements += 1
         usage.bytes_addressed += spec.page_size_bytes * kv_cache_config.num_blocks_of(placement) * len(placement.layers)

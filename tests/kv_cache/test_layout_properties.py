@@ -114,14 +114,15 @@ def allocate(case: Case, model_dirs):
     cfg = vllm_config(model_dirs, case.kind, case.layout, case.pd)
     kv_config = get_kv_cache_configs(cfg, [make_specs(case)], [case.memory])[0]
     kernel = build_kernel(load_settings(), "cpu")
-    caches, report = allocate_kv_caches(
-        kv_config,
-        layout_for=lambda t: kernel.kv_layout_for(t, cfg),
-        layout_name_for=lambda t: next(r.chosen for r in kernel.records if r.subject == t.__name__),
-        vllm_config=cfg, device=Device("cpu"), torch_device=torch.device("cpu"),
-        kernel_block_sizes=None, runner_only_layers=set(),
-    )
+    caches, report = allocate_with(kernel, cfg, kv_config)
     return cfg, kv_config, kernel, caches, report
+
+
+def allocate_with(kernel, cfg, kv_config):
+    """The kernel's allocation of ``kv_config``, as the runner does it."""
+    return allocate_kv_caches(kv_config, layout_for=lambda t: kernel.kv_layout(t, cfg), vllm_config=cfg,
+                              device=Device("cpu"), torch_device=torch.device("cpu"), kernel_block_sizes=None,
+                              runner_only_layers=set())
 
 
 def spec_of(kv_config, layer):
@@ -235,9 +236,7 @@ def test_short_config_is_an_error_naming_layers_and_bytes(model_dirs):
     cfg, kv_config, kernel, _, _ = allocate(case, model_dirs)
     short = replace(kv_config, kv_cache_tensors=[replace(t, size=t.size - 1) for t in kv_config.kv_cache_tensors])
     with pytest.raises(KVCacheAllocationError, match=r"model\.layers\.0\.self_attn\.attn.*needs \d+ bytes"):
-        allocate_kv_caches(short, layout_for=lambda t: kernel.kv_layout_for(t, cfg), layout_name_for=lambda t: "x",
-                           vllm_config=cfg, device=Device("cpu"), torch_device=torch.device("cpu"),
-                           kernel_block_sizes=None, runner_only_layers=set())
+        allocate_with(kernel, cfg, short)
 
 
 def test_layer_without_tensor_is_an_error(model_dirs):
@@ -251,9 +250,7 @@ def test_layer_without_tensor_is_an_error(model_dirs):
     extra = replace(group, layer_names=[*group.layer_names, "model.layers.9.self_attn.attn"])
     broken = replace(kv_config, kv_cache_groups=[extra])
     with pytest.raises(KVCacheAllocationError, match=r"no KV cache tensor.*model\.layers\.9"):
-        allocate_kv_caches(broken, layout_for=lambda t: kernel.kv_layout_for(t, cfg), layout_name_for=lambda t: "x",
-                           vllm_config=cfg, device=Device("cpu"), torch_device=torch.device("cpu"),
-                           kernel_block_sizes=None, runner_only_layers=set())
+        allocate_with(kernel, cfg, broken)
 
 
 def test_mla_head_size_mismatch_names_the_config_dims(model_dirs):
@@ -268,6 +265,4 @@ def test_mla_head_size_mismatch_names_the_config_dims(model_dirs):
                                                                     dtype=torch.float32)}], [case.memory])[0]
     kernel = build_kernel(load_settings(), "cpu")
     with pytest.raises(KVCacheAllocationError, match="320 != kv_lora_rank 512 \\+ qk_rope_head_dim 64"):
-        allocate_kv_caches(kv_config, layout_for=lambda t: kernel.kv_layout_for(t, cfg), layout_name_for=lambda t: "x",
-                           vllm_config=cfg, device=Device("cpu"), torch_device=torch.device("cpu"),
-                           kernel_block_sizes=None, runner_only_layers=set())
+        allocate_with(kernel, cfg, kv_config)
