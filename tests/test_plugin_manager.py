@@ -28,8 +28,8 @@ from ascend_kernel.settings import ENV_PREFIX, load_settings
 THIRDPARTY = Path(__file__).resolve().parent / "thirdparty"
 ESSENTIAL = ("attention", "graph", "kv-cache-standard", "sampling")
 BUILTINS = (
-    "attention", "config-fixups", "graph", "kv-cache-mamba", "kv-cache-mla", "kv-cache-sfa", "kv-cache-standard",
-    "kv-cache-vllm-views", "moe-comm", "sampling", "spec-decode-ngram", "spec-decode-vllm",
+    "attention", "config-fixups", "graph", "kv-cache-int8-bsh", "kv-cache-mamba", "kv-cache-mla", "kv-cache-sfa",
+    "kv-cache-standard", "kv-cache-vllm-views", "moe-comm", "sampling", "spec-decode-ngram", "spec-decode-vllm",
 )
 _counter = itertools.count()
 

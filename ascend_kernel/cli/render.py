@@ -25,7 +25,8 @@ def decisions_table(report: dict[str, Any]) -> str:
 
 def kv_table(report: dict[str, Any]) -> str:
     kv = report.get("kv_cache") or {}
-    rows = [[u["spec"], u["layout"], u["layers"], u["placements"], u["bytes"]] for u in kv.get("layouts", [])]
+    rows = [[u["spec"], u["layout"], u["layers"], u["placements"], u.get("page_bytes", ""), u["bytes"]]
+            for u in kv.get("layouts", [])]
     head = (f"KV cache: requested {kv.get('requested_bytes', 0)} B, allocated {kv.get('allocated_bytes', 0)} B, "
             f"alignment {kv.get('alignment', 1)} B, slack {kv.get('slack_bytes', 0)} B")
-    return head + "\n" + table(["spec", "layout", "layers", "tensors", "bytes"], rows)
+    return head + "\n" + table(["spec", "layout", "layers", "tensors", "page bytes", "bytes"], rows)

@@ -77,6 +77,12 @@ class TorchNpuOps:
             actual_seq_lengths_kv=context_lens.to(torch.int32), query_rope=query_rope, key_rope=rope_cache,
             layout_query="TND", layout_kv="PA_BSND", sparse_mode=3)
 
+    def quantize_per_token_head(self, x):
+        # npu_dynamic_quant quantises each row of the last dim (fp16/bf16 input): (int8 y, float32 scale)
+        if x.dtype == torch.float32:
+            x = x.to(torch.bfloat16)
+        return self._npu.npu_dynamic_quant(x)
+
     def rms_norm(self, x, weight, eps):
         return self._npu.npu_rms_norm(x, weight, eps)
 

@@ -167,6 +167,20 @@ class ReferenceOps:
             start += q_len
         return out
 
+    def quantize_per_token_head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Symmetric int8 per row of the last dim: ``x [..., D]`` -> (int8 ``[..., D]``, float32 scale ``[...]``).
+
+        scale = max(|x|) / 127 (at least 1e-6); values are ``x / scale`` rounded
+        half away from zero and clamped to [-128, 127]: vLLM's
+        ``int8_per_token_head`` convention, so ``q * scale`` recovers ``x``
+        within half a step.
+        """
+        xf = x.float()
+        scale = (xf.abs().amax(dim=-1) / 127.0).clamp(min=1e-6)
+        scaled = xf * (1.0 / scale).unsqueeze(-1)
+        rounded = torch.sign(scaled) * torch.floor(scaled.abs() + 0.5)
+        return rounded.clamp(-128, 127).to(torch.int8), scale
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(normalised x * weight, reciprocal RMS) like ``npu_rms_norm``."""
         xf = x.float()

@@ -25,10 +25,13 @@ class LayoutUsage:
     layers: list[str] = field(default_factory=list)
     placements: int = 0
     bytes_addressed: int = 0
+    block_size: int = 0
+    page_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"layout": self.layout, "spec": self.spec, "layers": len(self.layers),
-                "placements": self.placements, "bytes": self.bytes_addressed}
+                "placements": self.placements, "bytes": self.bytes_addressed,
+                "block_size": self.block_size, "page_bytes": self.page_bytes}
 
 
 @dataclass(slots=True)
@@ -163,7 +166,8 @@ def allocate_kv_caches(
                 f"{len(placement.layers)} layers ({placement.layers})"
             )
         usage = report.layouts.setdefault(
-            type(spec).__name__, LayoutUsage(layout_name, type(spec).__name__)
+            type(spec).__name__,
+            LayoutUsage(layout_name, type(spec).__name__, block_size=spec.block_size, page_bytes=spec.page_size_bytes),
         )
         usage.placements += 1
         usage.bytes_addressed += spec.page_size_bytes * kv_cache_config.num_blocks_of(placement) * len(placement.layers)

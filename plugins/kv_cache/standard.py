@@ -20,6 +20,7 @@ from ascend_kernel.device import Device
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
 from ascend_kernel_plugins.kv_cache.common import PageViewLayout, handles_spec, split_kv
+from ascend_kernel_plugins.kv_cache.int8_bsh import INT8_KV_CACHE_DTYPE, uses_int8_bsh
 
 ASCEND_KERNEL_ESSENTIAL = "full-attention layers (every decoder model) need the standard KV layout"
 
@@ -50,6 +51,8 @@ def _supports(ctx: Any) -> str | None:
     reason = handles_spec(ctx, "FullAttentionSpec")
     if reason is None and issubclass(ctx.subject, MLAAttentionSpec):
         return "MLA caches have no separate K and V"
+    if reason is None and uses_int8_bsh(ctx.vllm_config):
+        return f"{INT8_KV_CACHE_DTYPE} caches are int8 BSH pages (layout int8-bsh)"
     return reason
 
 

@@ -1,6 +1,7 @@
 """Property tests: KV layouts vs vLLM 0.32's own KV-cache configuration and allocator.
 
-Random but valid layer sets (full attention, MLA, SFA = MLA + indexer, Mamba,
+Random but valid layer sets (full attention, int8 per-token-head full
+attention as the Ascend backend publishes it, MLA, SFA = MLA + indexer, Mamba,
 hybrid attention + Mamba) go through vLLM's ``get_kv_cache_configs`` — the
 code path the engine uses — and are allocated through the kernel's layout
 plugins. Checked for every example:
@@ -9,7 +10,8 @@ plugins. Checked for every example:
   PD alignment allows (each tensor and each layer on a 2 MiB boundary);
 * views: shape, strides, dtype and byte offset identical to vLLM's own
   ``allocate_kv_cache`` (the independent oracle) when alignment is off;
-* the layout's splits (K/V, nope/rope, indexer, Mamba states) tile each page;
+* the layout's splits (K/V, nope/rope, indexer, Mamba states, int8 BSH parts)
+  tile each page;
 * writing block ``i`` of one layer changes no other byte, except block ``i``
   of layers that vLLM deliberately overlays (hybrid groups share pages; a
   block id is owned by one group at a time) — and nothing at all once
@@ -52,6 +54,8 @@ def vllm_config(model_dirs, kind: str, layout: str, pd: bool):
                         max_model_len=128, dtype="float32", hf_overrides=overrides)
     cfg = VllmConfig(model_config=model)
     cfg.cache_config.kv_cache_layout = layout
+    if kind == "int8":
+        cfg.cache_config.cache_dtype = "int8_per_token_head"
     if pd:
         cfg.kv_transfer_config = KVTransferConfig(kv_connector="ExampleConnector", kv_role="kv_both")
     return cfg
@@ -72,7 +76,7 @@ class Case:
 
 cases = st.builds(
     Case,
-    kind=st.sampled_from(["full", "mla", "sfa", "mamba", "hybrid"]),
+    kind=st.sampled_from(["full", "int8", "mla", "sfa", "mamba", "hybrid"]),
     layers=st.integers(1, 3),
     block_size=st.sampled_from([16, 32]),
     heads=st.integers(1, 3),
@@ -85,13 +89,25 @@ cases = st.builds(
 
 
 def make_specs(case: Case) -> dict:
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, MLAAttentionSpec, SparseCacheRole
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVQuantMode,
+        MambaSpec,
+        MLAAttentionSpec,
+        SparseCacheRole,
+    )
+
+    from ascend_kernel_plugins.attention.ascend.backend import AscendAttentionBackend
 
     specs = {}
     for i in range(case.layers):
         if case.kind in ("full", "hybrid"):
             specs[f"model.layers.{i}.self_attn.attn"] = FullAttentionSpec(
                 block_size=case.block_size, num_kv_heads=case.heads, head_size=case.head_size, dtype=case.dtype)
+        if case.kind == "int8":  # the spec the engine gets once the Ascend backend customised it
+            specs[f"model.layers.{i}.self_attn.attn"] = AscendAttentionBackend.customize_spec(FullAttentionSpec(
+                block_size=case.block_size, num_kv_heads=case.heads, head_size=case.head_size, dtype=torch.int8,
+                kv_quant_mode=KVQuantMode.INT8_PER_TOKEN_HEAD))
         if case.kind in ("mla", "sfa"):
             specs[f"model.layers.{i}.self_attn.attn"] = MLAAttentionSpec(
                 block_size=case.block_size, num_kv_heads=1, head_size=KV_LORA_RANK + ROPE_DIM, dtype=case.dtype)
@@ -140,6 +156,22 @@ def page_ranges(view: torch.Tensor, block: int) -> tuple[int, int]:
     return lo, hi
 
 
+def assert_bsh_parts_tile_pages(view: torch.Tensor, spec) -> None:
+    """K, V and both scale arrays of every block sit inside its page, disjoint, covering it exactly."""
+    from ascend_kernel_plugins.kv_cache.int8_bsh import bsh_parts
+
+    parts = bsh_parts(view, spec.num_kv_heads, spec.head_size, spec.head_size_v)
+    n, h = spec.block_size, spec.num_kv_heads
+    assert parts.key.shape == (view.shape[0], n, h, spec.head_size) and parts.key.dtype == torch.int8
+    assert parts.key.flatten(2).shape == (view.shape[0], n, h * spec.head_size)  # BSH without a copy
+    assert parts.key_scale.shape == (view.shape[0], n, h) and parts.key_scale.dtype == torch.float32
+    for block in (0, view.shape[0] - 1):
+        page_lo, page_hi = page_ranges(view, block)
+        spans = sorted(page_ranges(p.reshape(p.shape[0], 1, 1, -1), block) for p in parts)
+        assert spans[0][0] == page_lo and spans[-1][1] == page_hi
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # back to back, no overlap, no gap
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=cases)
 def test_layouts_match_vllm_config_and_allocator(case, model_dirs):
@@ -153,7 +185,8 @@ def test_layouts_match_vllm_config_and_allocator(case, model_dirs):
     # the layout each spec kind got
     chosen = {r.subject: r.chosen for r in kernel.records if r.family == "kv_cache"}
     for subject, name in chosen.items():
-        expected = EXPECTED_LAYOUT.get(subject) or ("sfa" if case.kind == "sfa" else "mla")
+        expected = "int8-bsh" if case.kind == "int8" else \
+            EXPECTED_LAYOUT.get(subject) or ("sfa" if case.kind == "sfa" else "mla")
         assert name == expected, (subject, name)
 
     if not case.pd:
@@ -185,7 +218,9 @@ def test_layouts_match_vllm_config_and_allocator(case, model_dirs):
     for name, view in caches.items():
         spec = spec_of(kv_config, name)
         layout = kernel.kv_layout_for(type(spec), cfg)
-        if hasattr(layout, "k_and_v"):
+        if case.kind == "int8":
+            assert_bsh_parts_tile_pages(view, spec)
+        elif hasattr(layout, "k_and_v"):
             k, v = layout.k_and_v(view, spec.head_size)
             assert k.shape[-1] == spec.head_size and v.shape[-1] == spec.head_size_v
         elif hasattr(layout, "state_views"):

@@ -18,6 +18,13 @@ The cache of a layer is vLLM's page view ``[blocks, kv_heads, block_tokens,
 2 * head_size]``; K and V are its two halves of the last dimension (the
 standard KV layout's split), seen as Ascend's ``[blocks, block_tokens,
 kv_heads, head_size]``.
+
+With ``kv_cache_dtype="int8_per_token_head"`` the backend publishes the int8
+BSH page spec (:mod:`ascend_kernel_plugins.kv_cache.int8_bsh`) and the cache
+write quantises K and V per token and head through the seam. Prefill without
+cache attends over the fresh (unquantised) K/V, as Ascend's C8 path does;
+every other state reads the cache: the blocks the batch references are
+dequantised once per layer and step, then the same paged kernels run.
 """
 
 from __future__ import annotations
@@ -36,24 +43,33 @@ from vllm.v1.attention.backend import (
     CommonAttentionMetadata,
     MultipleOf,
 )
-from vllm.v1.kv_cache_interface import KVCacheLayout
+from vllm.v1.kv_cache_interface import KVCacheLayout, KVQuantMode
 
 from ascend_kernel import kernel as kernel_mod
 from ascend_kernel.ops import get_ops
 from ascend_kernel.runner.kernel_runner import current_attn_state
 from ascend_kernel.step import StepBatch
 from ascend_kernel_plugins.attention.states import AttentionState
+from ascend_kernel_plugins.kv_cache.int8_bsh import INT8_KV_CACHE_DTYPE, Int8BSHCaches, bsh_parts, bsh_spec
 
 
 class AscendAttentionBackend(AttentionBackend):
     forward_includes_kv_cache_update: bool = True
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "float16", "bfloat16", INT8_KV_CACHE_DTYPE]
     #: graph-capture support level, read by the graph family
     graph_capture_support: ClassVar[str] = "full_decode_only"
 
     @staticmethod
     def get_name() -> str:
         return "ASCEND"
+
+    @classmethod
+    def customize_spec(cls, spec: Any) -> Any:
+        """int8 per-token-head caches are BSH pages (one head slot per token), not vLLM's K|V rows."""
+        if spec.kv_quant_mode == KVQuantMode.INT8_PER_TOKEN_HEAD:
+            return bsh_spec(spec)
+        return spec
 
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec: Any = None) -> list[int | MultipleOf]:
@@ -155,6 +171,7 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
         self.scale = float(scale)
         self.num_kv_heads = num_kv_heads
         self.kv_cache_dtype = kv_cache_dtype
+        self.int8_cache = kv_cache_dtype == INT8_KV_CACHE_DTYPE
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         kernel = kernel_mod.current()
         self.ops = get_ops(kernel.settings.ops_provider, kernel.device_info.kind)
@@ -169,32 +186,64 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
         q = query[:n].view(n, self.num_heads, d)
         k = key[:n].view(n, self.num_kv_heads, d)
         v = value[:n].view(n, self.num_kv_heads, d)
-        # page view [blocks, kv_heads, tokens, 2d] -> Ascend caches [blocks, tokens, kv_heads, d]
-        key_cache = kv_cache[..., :d].transpose(1, 2)
-        value_cache = kv_cache[..., d:].transpose(1, 2)
-        if self.kv_sharing_target_layer_name is None:
-            self.ops.reshape_and_cache(k, v, key_cache, value_cache, attn_metadata.slot_mapping)
         state = attn_metadata.attn_state
+        block_table = attn_metadata.block_table
+        if self.int8_cache:
+            caches = bsh_parts(kv_cache, self.num_kv_heads, d, d)
+            if self.kv_sharing_target_layer_name is None:
+                self._write_int8(k, v, caches, attn_metadata.slot_mapping)
+            if state is not AttentionState.PrefillNoCache:
+                key_cache, value_cache, block_table = _dequantized_blocks(caches, block_table, q.dtype)
+        else:
+            # page view [blocks, kv_heads, tokens, 2d] -> Ascend caches [blocks, tokens, kv_heads, d]
+            key_cache = kv_cache[..., :d].transpose(1, 2)
+            value_cache = kv_cache[..., d:].transpose(1, 2)
+            if self.kv_sharing_target_layer_name is None:
+                self.ops.reshape_and_cache(k, v, key_cache, value_cache, attn_metadata.slot_mapping)
         if state is AttentionState.PrefillNoCache:
             out = self.ops.flash_attention(q, k, v, attn_metadata.attn_mask, attn_metadata.query_lens, self.scale,
                                            self.num_heads, self.num_kv_heads)
         elif state is AttentionState.DecodeOnly:
-            out = self.ops.paged_attention(q, key_cache, value_cache, attn_metadata.block_table,
+            out = self.ops.paged_attention(q, key_cache, value_cache, block_table,
                                            attn_metadata.seq_lens, self.scale, self.num_heads, self.num_kv_heads)
         else:
             out = self.ops.paged_attention_splitfuse(q, key_cache, value_cache, attn_metadata.attn_mask,
-                                                     attn_metadata.block_table, attn_metadata.query_lens,
+                                                     block_table, attn_metadata.query_lens,
                                                      attn_metadata.seq_lens, self.scale, self.num_heads,
                                                      self.num_kv_heads)
         output[:n].copy_(out.reshape(output[:n].shape))
         return output
+
+    def _write_int8(self, key: torch.Tensor, value: torch.Tensor, caches: Int8BSHCaches,
+                    slot_mapping: torch.Tensor) -> None:
+        """Quantise K and V per token and head; store the int8 values and their scales at the slots."""
+        key_q, key_scale = self.ops.quantize_per_token_head(key)
+        value_q, value_scale = self.ops.quantize_per_token_head(value)
+        self.ops.reshape_and_cache(key_q, value_q, caches.key, caches.value, slot_mapping)
+        self.ops.reshape_and_cache(key_scale.unsqueeze(-1), value_scale.unsqueeze(-1),
+                                   caches.key_scale.unsqueeze(-1), caches.value_scale.unsqueeze(-1), slot_mapping)
+
+
+def _dequantized_blocks(caches: Int8BSHCaches, block_table: torch.Tensor,
+                        dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The blocks the batch references, dequantised, and the block table renumbered onto them."""
+    used, renumbered = torch.unique(block_table, return_inverse=True)
+    key = (caches.key[used].float() * caches.key_scale[used].unsqueeze(-1)).to(dtype)
+    value = (caches.value[used].float() * caches.value_scale[used].unsqueeze(-1)).to(dtype)
+    return key, value, renumbered.to(block_table.dtype)
 
 
 class Ascend310PAttentionBackend(AscendAttentionBackend):
     """The 310P variant: same kernels, KV caches in the FRACTAL_NZ format (set by the standard layout)."""
 
     graph_capture_support: ClassVar[str] = "none"
+    #: no int8 BSH pages on 310P (its caches are FRACTAL_NZ)
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "float16", "bfloat16"]
 
     @staticmethod
     def get_name() -> str:
         return "ASCEND_310P"
+
+    @classmethod
+    def customize_spec(cls, spec: Any) -> Any:
+        return spec
