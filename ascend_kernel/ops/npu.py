@@ -21,6 +21,12 @@ class TorchNpuOps:
         self._npu._npu_reshape_and_cache(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
                                          slot_indices=slot_mapping.to(torch.int32))
 
+    def write_cache(self, values, cache, slot_mapping) -> None:
+        # scatter rows into the cache seen as [slots, heads, d]; padding slots (negative) are dropped first
+        keep = slot_mapping >= 0
+        flat = cache.view(-1, *cache.shape[2:])
+        self._npu.npu_scatter_nd_update_(flat, slot_mapping[keep].view(-1, 1).to(torch.int64), values[keep])
+
     def flash_attention(self, query, key, value, mask, seq_lens, scale, num_heads, num_kv_heads):
         out = torch.empty_like(query)
         self._npu._npu_flash_attention(query=query, key=key, value=value, mask=mask, seq_len=seq_lens,

@@ -47,6 +47,13 @@ class ReferenceOps:
         key_cache[blocks, offsets] = key.to(key_cache.dtype)
         value_cache[blocks, offsets] = value.to(value_cache.dtype)
 
+    def write_cache(self, values: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """One paged cache's write: token ``i``'s row ``[heads, d]`` to slot ``slot_mapping[i]`` (SFA's indexer keys)."""
+        slots = slot_mapping.long()
+        keep = slots >= 0
+        block_size = cache.shape[1]
+        cache[slots[keep] // block_size, slots[keep] % block_size] = values[keep].to(cache.dtype)
+
     def flash_attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
                         seq_lens: torch.Tensor, scale: float, num_heads: int, num_kv_heads: int) -> torch.Tensor:
         """Prefill without cache: each sequence attends to itself under ``mask`` ([S, S] flags)."""

@@ -53,7 +53,9 @@ class AscendBackendProvider:
                            platform_default: Callable[[], str]) -> str:
         if selector_config.use_sparse:
             raise NotImplementedError(
-                "the Ascend SFA backend is not implemented yet; use ASCEND_KERNEL_ATTENTION_BACKEND=vllm-native"
+                "sparse-attention (SFA) models: the Ascend SFA backend (ascend_kernel_plugins.attention.ascend.sfa) "
+                "is not wired into vLLM 0.32's DeepSeek-V3.2 indexer path yet; use ASCEND_KERNEL_ATTENTION_BACKEND="
+                "vllm-native"
             )
         return ASCEND_MLA_BACKEND_PATH if selector_config.use_mla else ASCEND_BACKEND_PATH
 
@@ -66,7 +68,7 @@ class AscendBackendProvider:
 def ascend_supported(ctx: Any) -> str | None:
     model = ctx.vllm_config.model_config
     if model is not None and hasattr(model.hf_text_config, "index_topk"):
-        return "sparse-attention models need the Ascend SFA backend (not implemented yet)"
+        return "sparse-attention models: the Ascend SFA backend is not wired into vLLM's indexer path yet"
     return None
 
 
