@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 #: Architectures :func:`create_tiny_model` can build.
-SUPPORTED_ARCHS: tuple[str, ...] = ("llama", "deepseek_v2", "qwen2_moe", "mamba2", "falcon_h1", "qwen3_next", "bert")
+SUPPORTED_ARCHS: tuple[str, ...] = (
+    "llama", "deepseek_v2", "qwen2_moe", "mamba2", "falcon_h1", "qwen3_next", "gemma3n", "bert",
+)
 
 #: Weight dtypes accepted for ``dtype`` (float32 is the one the tests compare in).
 SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
@@ -416,6 +418,34 @@ def _qwen3_next_config(vocab_size: int) -> Any:
     )
 
 
+def _gemma3n_config(vocab_size: int) -> Any:
+    """Gemma3n text model whose last two layers reuse layer 1's KV cache (cross-layer KV sharing)."""
+    from transformers import Gemma3nTextConfig
+
+    layers = 4
+    return Gemma3nTextConfig(
+        vocab_size=vocab_size,
+        vocab_size_per_layer_input=vocab_size,
+        hidden_size=128,
+        hidden_size_per_layer_input=16,
+        intermediate_size=256,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        layer_types=["full_attention"] * layers,
+        sliding_window=MAX_POSITIONS,
+        num_kv_shared_layers=2,
+        laurel_rank=8,
+        altup_num_inputs=2,
+        activation_sparsity_pattern=[0.0] * layers,
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        initializer_range=INIT_STD,
+    )
+
+
 def _bert_config(vocab_size: int) -> Any:
     """BERT encoder for embeddings: encoder-only attention, no KV cache at all."""
     from transformers import BertConfig
@@ -442,6 +472,7 @@ _BUILDERS: dict[str, Callable[[int], Any]] = {
     "mamba2": _mamba2_config,
     "falcon_h1": _falcon_h1_config,
     "qwen3_next": _qwen3_next_config,
+    "gemma3n": _gemma3n_config,
     "bert": _bert_config,
 }
 assert tuple(_BUILDERS) == SUPPORTED_ARCHS
