@@ -208,3 +208,22 @@ def ascend_kernel_graph_modes() -> "list[Implementation]":
     start-up, returns bytes used) and ``padded_num_tokens(num_tokens) -> int``
     (runtime dispatch: the captured size a batch runs at).
     """
+
+
+# ---------------------------------------------------------------------------
+# model layer ops
+# ---------------------------------------------------------------------------
+
+
+@hookspec
+def ascend_kernel_layer_ops() -> "list[Implementation]":
+    """Offer implementations of vLLM's model-layer custom ops (family ``layer_ops``).
+
+    vLLM builds norms and rotary embeddings as ``CustomOp`` layers that an
+    out-of-tree platform may replace by class name. The chosen object must
+    provide ``install() -> list[str]``: called once per process, before the
+    model is built, it registers the replacements (idempotently) and returns
+    the vLLM class names it replaced; and ``describe() -> dict``: what it
+    installed and how many model layers were built with it (for the report).
+    An implementation that replaces nothing returns ``[]``.
+    """

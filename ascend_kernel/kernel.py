@@ -44,6 +44,7 @@ GLOBAL_FAMILIES: tuple[Family, ...] = (
     Family("sampler", "ascend_kernel_samplers", "sampler"),
     Family("rejection_sampler", "ascend_kernel_rejection_samplers", "rejection_sampler", optional=True),
     Family("graph", "ascend_kernel_graph_modes", "graph_mode"),
+    Family("layer_ops", "ascend_kernel_layer_ops", "layer_ops"),
 )
 #: Chosen once per KV-cache spec type present in the model.
 KV_CACHE_FAMILY = Family("kv_cache", "ascend_kernel_kv_cache_layouts", "kv_cache_layout")
@@ -71,6 +72,7 @@ class KernelPlan:
     sampler: Any
     rejection_sampler: Any
     graph: Any
+    layer_ops: Any
 
 
 @dataclass(slots=True)

@@ -81,6 +81,7 @@ class KernelSettings(BaseSettings):
     sampler: str = Field(AUTO, description="Force the sampler by name.")
     rejection_sampler: str = Field(AUTO, description="Force the rejection sampler by name.")
     graph_mode: str = Field(AUTO, description="Force the graph-capture mode by name.")
+    layer_ops: str = Field(AUTO, description="Force the model-layer ops (RMSNorm, rotary) provider by name.")
 
     # -- feature toggles (typed replacements of the seeds' VLLM_ASCEND_* env vars)
     enable_topk_topp_optimization: bool = Field(
@@ -113,7 +114,7 @@ class KernelSettings(BaseSettings):
 
     @field_validator(
         "attention_backend", "attention_state", "attention_mask", "kv_cache_layout",
-        "moe_comm", "drafter", "sampler", "rejection_sampler", "graph_mode",
+        "moe_comm", "drafter", "sampler", "rejection_sampler", "graph_mode", "layer_ops",
     )
     @classmethod
     def _forced_name(cls, value: str) -> str:

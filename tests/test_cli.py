@@ -28,7 +28,7 @@ def test_plugins_json_lists_separate_builtins(capsys):
     # every family has at least one built-in implementation
     families = {impl.split(":")[0] for p in builtins for impl in p["implementations"]}
     assert families == {"attention_backend", "attention_state", "attention_mask", "moe_comm", "drafter", "sampler",
-                        "rejection_sampler", "graph", "kv_cache"}
+                        "rejection_sampler", "graph", "layer_ops", "kv_cache"}
 
 
 def test_disabled_plugin_shows_and_loses_its_implementations(capsys, monkeypatch):

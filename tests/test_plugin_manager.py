@@ -26,10 +26,10 @@ from ascend_kernel.registry import choose
 from ascend_kernel.settings import ENV_PREFIX, load_settings
 
 THIRDPARTY = Path(__file__).resolve().parent / "thirdparty"
-ESSENTIAL = ("attention", "graph", "kv-cache-standard", "sampling")
+ESSENTIAL = ("attention", "graph", "kv-cache-standard", "layers", "sampling")
 BUILTINS = (
     "attention", "config-fixups", "graph", "kv-cache-int8-bsh", "kv-cache-mamba", "kv-cache-mla", "kv-cache-sfa",
-    "kv-cache-standard", "kv-cache-vllm-views", "moe-comm", "sampling", "spec-decode-ngram", "spec-decode-vllm",
+    "kv-cache-standard", "kv-cache-vllm-views", "layers", "moe-comm", "sampling", "spec-decode-ngram", "spec-decode-vllm",
 )
 _counter = itertools.count()
 
@@ -295,7 +295,7 @@ def test_disabling_an_essential_builtin_is_refused(monkeypatch, plugin):
 
 
 def test_allowlist_must_include_essentials(monkeypatch):
-    monkeypatch.setenv("ASCEND_KERNEL_PLUGINS", "attention,graph,kv-cache-standard")
+    monkeypatch.setenv("ASCEND_KERNEL_PLUGINS", "attention,graph,kv-cache-standard,layers")
     with pytest.raises(PluginError, match=r"'sampling'.*ASCEND_KERNEL_PLUGINS \(not listed\).*essential"):
         manager()
 

@@ -92,6 +92,10 @@ class TorchNpuOps:
     def rms_norm(self, x, weight, eps):
         return self._npu.npu_rms_norm(x, weight, eps)
 
+    def add_rms_norm(self, x, residual, weight, eps):
+        normed, _, summed = self._npu.npu_add_rms_norm(x, residual, weight, eps)
+        return normed, summed
+
     def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox_style) -> None:
         self._npu._npu_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox_style)
 

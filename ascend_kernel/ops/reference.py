@@ -194,6 +194,12 @@ class ReferenceOps:
         rstd = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
         return (xf * rstd * weight.float()).to(x.dtype), rstd
 
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(x + residual), x + residual): the residual add fused into the norm."""
+        summed = x + residual
+        return self.rms_norm(summed, weight, eps)[0], summed
+
     def rotary_embedding(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
                          cos_sin_cache: torch.Tensor, is_neox_style: bool) -> None:
         """In place on ``query``/``key`` ([T, heads * head_size]); cache rows are [cos | sin] halves."""

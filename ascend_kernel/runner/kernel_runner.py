@@ -48,6 +48,8 @@ class KernelRunnerMixin:
         self.kernel = kernel_mod.activate(vllm_config, configure=False)
         plan = self.kernel.resolve(vllm_config)
         self.kernel_plan = plan
+        # before load_model builds the layers: vLLM picks custom-op classes at construction
+        plan.layer_ops.install()
         self.kernel_trace = StepTrace()
         self.kernel_kv_report = KVAllocationReport()
         self.kernel_attn_state: Any = None
@@ -160,6 +162,7 @@ class KernelRunnerMixin:
         report["trace"] = self.kernel_trace.as_dict()
         from ascend_kernel.ops import provider_name
 
+        report["layer_ops"] = self.kernel_plan.layer_ops.describe()
         report["ops_provider"] = provider_name(self.kernel.settings.ops_provider, self.kernel.device_info.kind)
         report["sampler_class"] = type(self.sampler).__module__ + "." + type(self.sampler).__qualname__
         drafter = getattr(self, "drafter", None)

@@ -130,3 +130,17 @@ def test_mla_prefix_cache_hit_on_the_ascend_backend(tiny_deepseek):
                    "--engine-arg", "enable_prefix_caching=true", "--engine-arg", "block_size=16",
                    env=ASCEND, max_tokens=MAX_TOKENS, prompts=prompts)
     check(tiny_deepseek, run, "PrefillCacheHit")
+
+
+def test_layer_ops_on_the_seam_too(tiny_llama):
+    """Norms and rotary embeddings through the seam as well: every Llama kernel is an Ascend one."""
+    env = clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_ATTENTION_BACKEND="ascend",
+                    ASCEND_KERNEL_LAYER_OPS="ascend")
+    run = generate(tiny_llama, env=env, max_tokens=MAX_TOKENS)
+    check(tiny_llama, run, "DecodeOnly")
+    layer_ops = run["report"]["layer_ops"]
+    assert layer_ops["replaced"] == ["RMSNorm", "RotaryEmbedding"]
+    # 2 decoder layers x 2 norms + the final norm; one rotary embedding shared by the layers
+    assert layer_ops["layers_built"] == {"RMSNorm": 5, "RotaryEmbedding": 1}
+    decision = next(d for d in run["report"]["decisions"] if d["family"] == "layer_ops")
+    assert decision["chosen"] == "ascend" and decision["forced_by"].startswith("setting ASCEND_KERNEL_LAYER_OPS")

