@@ -45,12 +45,15 @@ def test_kernel_plugins_did_the_work(kernel_run, tiny_llama):
     families = [d["family"] for d in report["decisions"]]
     assert families.count("kv_cache") == 1
     assert set(families) == {"attention_backend", "attention_state", "attention_mask", "moe_comm", "drafter",
-                             "sampler", "rejection_sampler", "graph", "kv_cache"}
+                             "sampler", "rejection_sampler", "graph", "layer_ops", "kv_cache"}
     kv = report["kv_cache"]
     (usage,) = kv["layouts"]
     config = json.loads((tiny_llama / "config.json").read_text())
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    page = usage["block_size"] * config["num_key_value_heads"] * 2 * head_dim * 4  # float32 K and V
     assert usage == {"layout": "standard", "spec": "FullAttentionSpec", "layers": config["num_hidden_layers"],
-                     "placements": usage["placements"], "bytes": kv["requested_bytes"]}
+                     "placements": usage["placements"], "bytes": kv["requested_bytes"],
+                     "block_size": usage["block_size"], "page_bytes": page}
     assert kv["allocated_bytes"] == kv["requested_bytes"] and kv["slack_bytes"] == 0
     trace = report["trace"]
     # one prefill step, then one decode step per remaining token

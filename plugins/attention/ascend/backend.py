@@ -32,7 +32,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 from vllm.v1.attention.backend import (
     AttentionBackend,
@@ -121,13 +120,7 @@ class AscendMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
               fast_build: bool = False) -> AscendMetadata:
         m = common_attn_metadata
         n = m.num_reqs
-        starts = m.query_start_loc_cpu[: n + 1].to(torch.int32)
-        query_lens = starts[1:] - starts[:-1]
-        seq_lens = m.seq_lens[:n].to("cpu", torch.int32)
-        state = current_attn_state()
-        if state is None:  # warm-up / profile run: same policy, from the metadata
-            q_np, s_np = query_lens.numpy(), seq_lens.numpy()
-            state = self.decide_state(StepBatch(n, s_np, q_np, q_np, int(q_np.sum())))
+        query_lens, seq_lens, state = step_lengths_and_state(m, self.decide_state)
         if state is AttentionState.PrefillNoCache:
             mask = self.masks.mask_for(state, seq_lens, torch.empty(0), self.dtype, self.device)
         elif state is AttentionState.DecodeOnly:
@@ -144,6 +137,23 @@ class AscendMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
             slot_mapping=m.slot_mapping[: m.num_actual_tokens],
             attn_mask=mask,
         )
+
+
+def step_lengths_and_state(m: CommonAttentionMetadata, decide_state: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """Per-request query and sequence lengths (host int32) and the step's attention state.
+
+    The state is the one the runner decided for this step; warm-up and profile
+    runs have none, so the same policy decides it from the metadata.
+    """
+    n = m.num_reqs
+    starts = m.query_start_loc_cpu[: n + 1].to(torch.int32)
+    query_lens = starts[1:] - starts[:-1]
+    seq_lens = m.seq_lens[:n].to("cpu", torch.int32)
+    state = current_attn_state()
+    if state is None:
+        q_np, s_np = query_lens.numpy(), seq_lens.numpy()
+        state = decide_state(StepBatch(n, s_np, q_np, q_np, int(q_np.sum())))
+    return query_lens, seq_lens, state
 
 
 def _ranks_within(lengths: torch.Tensor) -> torch.Tensor:

@@ -51,8 +51,8 @@ from vllm.v1.attention.backend import (
 
 from ascend_kernel import kernel as kernel_mod
 from ascend_kernel.ops import get_ops
-from ascend_kernel.runner.kernel_runner import current_attn_state
 from ascend_kernel.step import StepBatch
+from ascend_kernel_plugins.attention.ascend.backend import step_lengths_and_state
 from ascend_kernel_plugins.attention.states import AttentionState
 
 
@@ -118,13 +118,7 @@ class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
               fast_build: bool = False) -> AscendSFAMetadata:
         m = common_attn_metadata
         n = m.num_reqs
-        starts = m.query_start_loc_cpu[: n + 1].to(torch.int32)
-        query_lens = starts[1:] - starts[:-1]
-        seq_lens = m.seq_lens[:n].to("cpu", torch.int32)
-        state = current_attn_state()
-        if state is None:  # warm-up / profile run (or no runner): the same policy, from the metadata
-            q_np, s_np = query_lens.numpy(), seq_lens.numpy()
-            state = self.decide_state(StepBatch(n, s_np, q_np, q_np, int(q_np.sum())))
+        query_lens, seq_lens, state = step_lengths_and_state(m, self.decide_state)
         return AscendSFAMetadata(
             num_actual_tokens=m.num_actual_tokens,
             attn_state=state,
