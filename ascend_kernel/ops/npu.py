@@ -61,6 +61,15 @@ class TorchNpuOps:
                                                  num_heads=num_heads, scale_value=scale, out=out)
         return out
 
+    def flash_attention_qlens(self, query, key_cache, value_cache, block_table, mask, query_lens, context_lens,
+                              scale, num_heads, num_kv_heads):
+        out = torch.empty_like(query)
+        self._npu._npu_flash_attention_qlens(query=query, key_cache=key_cache, value_cache=value_cache,
+                                             block_table=block_table, mask=mask, seq_len=query_lens,
+                                             context_lens=context_lens, num_kv_heads=num_kv_heads,
+                                             num_heads=num_heads, scale_value=scale, out=out)
+        return out
+
     def paged_attention_mla(self, query, kv_cache, block_table, context_lens, scale, num_heads, v_head_size):
         out = query.new_empty(query.shape[0], num_heads, v_head_size)
         self._npu._npu_paged_attention_mla(query=query, key_cache=kv_cache, num_kv_heads=1, num_heads=num_heads,

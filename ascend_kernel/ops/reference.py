@@ -118,6 +118,34 @@ class ReferenceOps:
             start = end
         return out
 
+    def flash_attention_qlens(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                              block_table: torch.Tensor, mask: torch.Tensor, query_lens: torch.Tensor,
+                              context_lens: torch.Tensor, scale: float, num_heads: int,
+                              num_kv_heads: int) -> torch.Tensor:
+        """Prefill of new tokens over a cached prefix (PrefillCacheHit) with a compressed mask.
+
+        Request ``i``'s ``query_lens[i]`` tokens are the last of its
+        ``context_lens[i]`` (already cached) tokens. ``mask`` is one ``[B, B]``
+        tile the kernel repeats along the diagonal by absolute position: a key
+        in an earlier tile than its query is visible, in a later tile hidden,
+        in the same tile visible when ``mask[q % B, k % B]`` is 0.
+        """
+        tile = mask.shape[0]
+        hidden = mask != 0
+        out = torch.empty_like(query)
+        start = 0
+        for i, (q_len, length) in enumerate(zip(query_lens.tolist(), context_lens.tolist())):
+            k = _gqa(_gather(key_cache, block_table[i], length), num_heads)
+            v = _gqa(_gather(value_cache, block_table[i], length), num_heads)
+            q_pos = torch.arange(length - q_len, length, device=query.device)
+            k_pos = torch.arange(length, device=query.device)
+            q_tile, k_tile = (q_pos // tile)[:, None], (k_pos // tile)[None, :]
+            same = hidden[(q_pos % tile)[:, None], (k_pos % tile)[None, :]]
+            allowed = (k_tile < q_tile) | ((k_tile == q_tile) & ~same)
+            out[start : start + q_len] = _attend(query[start : start + q_len], k, v, allowed, scale)
+            start += q_len
+        return out
+
     def paged_attention_mla(self, query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                             context_lens: torch.Tensor, scale: float, num_heads: int,
                             v_head_size: int) -> torch.Tensor:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from ascend_kernel.ops import get_ops, provider_name
 from ascend_kernel.errors import SettingsError
 from ascend_kernel_plugins.attention.masks import AttentionMaskBuilder
+from ascend_kernel_plugins.attention.states import AttentionState
 
 ops = get_ops("reference", "cpu")
 
@@ -135,6 +136,36 @@ def test_splitfuse_matches_naive_for_chunks_over_cached_prefixes(s, data):
         ref = naive(q[start:start + ql], ks[r], vs[r], 1 / math.sqrt(d), list(range(n - ql, n)), n)
         torch.testing.assert_close(out[start:start + ql].double(), ref, rtol=1e-4, atol=1e-4)
         start += ql
+
+
+@settings(max_examples=25, deadline=None)
+@given(kv_heads=st.sampled_from([1, 2]), group=st.sampled_from([1, 2]), block_size=st.sampled_from([16, 32]),
+       lens=st.lists(st.integers(1, 300), min_size=1, max_size=3), seed=st.integers(0, 9999), data=st.data())
+def test_prefill_over_cached_prefix_with_the_compressed_mask_matches_naive(kv_heads, group, block_size, lens,
+                                                                           seed, data):
+    from ascend_kernel_plugins.attention.masks import CACHE_HIT_MASK_SIZE
+
+    gen = torch.Generator().manual_seed(seed)
+    h, d = kv_heads * group, 64
+    q_lens = [data.draw(st.integers(1, n)) for n in lens]  # long prefixes cross several 128-token mask tiles
+    kc, vc, table, ks, vs = paged(0, block_size, kv_heads, d, lens, gen)
+    q = torch.randn(sum(q_lens), h, d, generator=gen)
+    mask = AttentionMaskBuilder().mask_for(AttentionState.PrefillCacheHit, torch.tensor(lens), torch.empty(0),
+                                           torch.float32, torch.device("cpu"))
+    assert mask.shape == (CACHE_HIT_MASK_SIZE, CACHE_HIT_MASK_SIZE)
+    out = ops.flash_attention_qlens(q, kc, vc, table, mask, torch.tensor(q_lens), torch.tensor(lens),
+                                    1 / math.sqrt(d), h, kv_heads)
+    start = 0
+    for r, (n, ql) in enumerate(zip(lens, q_lens)):
+        ref = naive(q[start:start + ql], ks[r], vs[r], 1 / math.sqrt(d), list(range(n - ql, n)), n)
+        torch.testing.assert_close(out[start:start + ql].double(), ref, rtol=1e-4, atol=1e-4)
+        start += ql
+    tile = CACHE_HIT_MASK_SIZE
+    shares_tile = any((p // tile) == ((p + 1) // tile) for n, ql in zip(lens, q_lens) for p in range(n - ql, n - 1))
+    if shares_tile:  # the tile is honoured: an all-visible tile lets a new token see a later one
+        loose = ops.flash_attention_qlens(q, kc, vc, table, torch.zeros_like(mask), torch.tensor(q_lens),
+                                          torch.tensor(lens), 1 / math.sqrt(d), h, kv_heads)
+        assert not torch.allclose(loose, out, atol=1e-4)
 
 
 def test_rms_norm_matches_formula():

@@ -11,8 +11,10 @@ and the impl dispatches on it:
 * ``PrefillNoCache``: write K/V to the cache, flash attention under the
   causal mask;
 * ``DecodeOnly``: write K/V, paged attention over the block table;
-* ``ChunkedPrefill`` / ``PrefillCacheHit`` / ``SpecDecoding``: write K/V,
-  split-fuse paged attention with one mask row per query token.
+* ``PrefillCacheHit``: write K/V, prefill over the cached prefix with the
+  fixed-size compressed causal mask (``_npu_flash_attention_qlens``);
+* ``ChunkedPrefill`` / ``SpecDecoding``: write K/V, split-fuse paged
+  attention with one mask row per query token.
 
 The cache of a layer is vLLM's page view ``[blocks, kv_heads, block_tokens,
 2 * head_size]``; K and V are its two halves of the last dimension (the
@@ -121,7 +123,7 @@ class AscendMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
         m = common_attn_metadata
         n = m.num_reqs
         query_lens, seq_lens, state = step_lengths_and_state(m, self.decide_state)
-        if state is AttentionState.PrefillNoCache:
+        if state in (AttentionState.PrefillNoCache, AttentionState.PrefillCacheHit):
             mask = self.masks.mask_for(state, seq_lens, torch.empty(0), self.dtype, self.device)
         elif state is AttentionState.DecodeOnly:
             mask = None
@@ -213,6 +215,10 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
         if state is AttentionState.PrefillNoCache:
             out = self.ops.flash_attention(q, k, v, attn_metadata.attn_mask, attn_metadata.query_lens, self.scale,
                                            self.num_heads, self.num_kv_heads)
+        elif state is AttentionState.PrefillCacheHit:
+            out = self.ops.flash_attention_qlens(q, key_cache, value_cache, block_table, attn_metadata.attn_mask,
+                                                 attn_metadata.query_lens, attn_metadata.seq_lens, self.scale,
+                                                 self.num_heads, self.num_kv_heads)
         elif state is AttentionState.DecodeOnly:
             out = self.ops.paged_attention(q, key_cache, value_cache, block_table,
                                            attn_metadata.seq_lens, self.scale, self.num_heads, self.num_kv_heads)
