@@ -30,10 +30,22 @@ def gemma3n(tmp_path_factory):
     return create_tiny_model("gemma3n", tmp_path_factory.mktemp("gemma3n") / "gemma3n")
 
 
-def test_kv_sharing_layers_read_their_targets_cache(gemma3n):
+@pytest.fixture(scope="module")
+def stock(gemma3n):
+    return generate(gemma3n, "--stock", env=clean_env(), max_tokens=MAX_TOKENS)
+
+
+def test_kv_sharing_layers_read_their_targets_cache(gemma3n, stock):
     kernel = generate(gemma3n, env=clean_env(ASCEND_KERNEL_DEVICE="cpu"), max_tokens=MAX_TOKENS)
-    stock = generate(gemma3n, "--stock", env=clean_env(), max_tokens=MAX_TOKENS)
     assert tokens(kernel) == tokens(stock)
     (usage,) = kernel["report"]["kv_cache"]["layouts"]
     # 4 attention layers, 2 of them sharing: caches exist for the 2 owners only
     assert (usage["layout"], usage["layers"]) == ("standard", 2)
+
+
+def test_kv_sharing_on_the_ascend_backend(gemma3n, stock):
+    """vLLM gives a sharing layer no K/V of its own; the Ascend backend reads the step's K/V back from the cache."""
+    env = clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_ATTENTION_BACKEND="ascend")
+    kernel = generate(gemma3n, env=env, max_tokens=MAX_TOKENS)
+    assert tokens(kernel) == tokens(stock)
+    assert kernel["report"]["trace"]["attention_states"] == {"PrefillNoCache": 1, "DecodeOnly": MAX_TOKENS - 1}

@@ -196,22 +196,29 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
         n = attn_metadata.num_actual_tokens
         d = self.head_size
         q = query[:n].view(n, self.num_heads, d)
-        k = key[:n].view(n, self.num_kv_heads, d)
-        v = value[:n].view(n, self.num_kv_heads, d)
         state = attn_metadata.attn_state
         block_table = attn_metadata.block_table
+        # A KV-sharing layer gets no K/V of its own (vLLM passes None): its
+        # target layer, earlier in the same forward, cached this step's K/V.
+        writes = key is not None and self.kv_sharing_target_layer_name is None
         if self.int8_cache:
             caches = bsh_parts(kv_cache, self.num_kv_heads, d, d)
-            if self.kv_sharing_target_layer_name is None:
-                self._write_int8(k, v, caches, attn_metadata.slot_mapping)
-            if state is not AttentionState.PrefillNoCache:
-                key_cache, value_cache, block_table = _dequantized_blocks(caches, block_table, q.dtype)
+            key_cache, value_cache = caches.key, caches.value
         else:
             # page view [blocks, kv_heads, tokens, 2d] -> Ascend caches [blocks, tokens, kv_heads, d]
             key_cache = kv_cache[..., :d].transpose(1, 2)
             value_cache = kv_cache[..., d:].transpose(1, 2)
-            if self.kv_sharing_target_layer_name is None:
-                self.ops.reshape_and_cache(k, v, key_cache, value_cache, attn_metadata.slot_mapping)
+        if key is None:
+            k, v = self._cached_step_kv(kv_cache, key_cache, value_cache, attn_metadata.slot_mapping, q.dtype)
+        else:
+            k = key[:n].view(n, self.num_kv_heads, d)
+            v = value[:n].view(n, self.num_kv_heads, d)
+        if writes and self.int8_cache:
+            self._write_int8(k, v, caches, attn_metadata.slot_mapping)
+        elif writes:
+            self.ops.reshape_and_cache(k, v, key_cache, value_cache, attn_metadata.slot_mapping)
+        if self.int8_cache and state is not AttentionState.PrefillNoCache:
+            key_cache, value_cache, block_table = _dequantized_blocks(caches, block_table, q.dtype)
         if state is AttentionState.PrefillNoCache:
             out = self.ops.flash_attention(q, k, v, attn_metadata.attn_mask, attn_metadata.query_lens, self.scale,
                                            self.num_heads, self.num_kv_heads)
@@ -229,6 +236,18 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
                                                      self.num_kv_heads)
         output[:n].copy_(out.reshape(output[:n].shape))
         return output
+
+    def _cached_step_kv(self, kv_cache: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                        slot_mapping: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """This step's K/V read back from the cache at its slots (dequantised for int8 pages)."""
+        slots = slot_mapping.long().clamp(min=0)  # padding rows read slot 0; their output is unused
+        blocks, offsets = slots // key_cache.shape[1], slots % key_cache.shape[1]
+        key, value = key_cache[blocks, offsets], value_cache[blocks, offsets]
+        if self.int8_cache:
+            caches = bsh_parts(kv_cache, self.num_kv_heads, self.head_size, self.head_size)
+            key = key.float() * caches.key_scale[blocks, offsets].unsqueeze(-1)
+            value = value.float() * caches.value_scale[blocks, offsets].unsqueeze(-1)
+        return key.to(dtype), value.to(dtype)
 
     def _write_int8(self, key: torch.Tensor, value: torch.Tensor, caches: Int8BSHCaches,
                     slot_mapping: torch.Tensor) -> None:
