@@ -17,6 +17,8 @@ from tests.e2e.conftest import clean_env, generate, tokens
 
 pytestmark = pytest.mark.e2e
 MAX_TOKENS = 8
+CHUNK = 16
+LONG = "the quick brown fox jumps over the lazy dog " * 3
 ASCEND = clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_ATTENTION_BACKEND="ascend")
 
 
@@ -29,25 +31,36 @@ def fake_int8(x):
     return (torch.sign(y) * torch.floor(y.abs() + 0.5)).clamp(-128, 127) * scale
 
 
-def hf_greedy_int8_kv(model, prompt_token_ids, max_tokens):
+def hf_greedy_int8_kv(model, prompt_token_ids, max_tokens, chunk: int | None = None):
+    """Greedy decoding in transformers, prompts fed in chunks of ``chunk`` tokens (whole when None).
+
+    Keys and values read from the cache (every attention whose keys outnumber
+    its queries) are rounded to int8 first, as the backend's cache reads are.
+    """
     import torch
-    from transformers import AttentionInterface, AutoModelForCausalLM, GenerationConfig
+    from transformers import AttentionInterface, AutoModelForCausalLM, DynamicCache
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     def attention(module, query, key, value, attention_mask, **kwargs):
-        if key.shape[-2] > query.shape[-2]:  # decoding: keys/values come from the (int8) cache
+        if key.shape[-2] > query.shape[-2]:
             key, value = fake_int8(key), fake_int8(value)
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register("int8_kv_sdpa", attention)
+    AttentionMaskInterface.register("int8_kv_sdpa", sdpa_mask)  # causal masks aligned to the cache end
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, attn_implementation="int8_kv_sdpa").eval()
     out = []
     with torch.no_grad():
         for ids in prompt_token_ids:
-            x = torch.tensor([ids])
-            config = GenerationConfig(do_sample=False, max_new_tokens=max_tokens, eos_token_id=None, pad_token_id=0,
-                                      bos_token_id=None)
-            out.append(hf.generate(x, attention_mask=torch.ones_like(x), generation_config=config)[0, len(ids):].tolist())
+            cache, step = DynamicCache(config=hf.config), chunk or len(ids)
+            for start in range(0, len(ids), step):
+                logits = hf(torch.tensor([ids[start:start + step]]), past_key_values=cache, use_cache=True).logits
+            generated = [int(logits[0, -1].argmax())]
+            while len(generated) < max_tokens:
+                logits = hf(torch.tensor([[generated[-1]]]), past_key_values=cache, use_cache=True).logits
+                generated.append(int(logits[0, -1].argmax()))
+            out.append(generated)
     return out
 
 
@@ -80,3 +93,15 @@ def test_int8_bsh_layout_made_the_caches_at_int8_size(int8_run, tiny_llama):
     assert usage["page_bytes"] == per_token * usage["block_size"]  # a quarter of float32's 2 * 4 * dim per head
     assert usage["bytes"] % (usage["page_bytes"] * 2) == 0  # whole pages for both layers
     assert report["kv_cache"]["requested_bytes"] == usage["bytes"]
+
+
+def test_int8_chunked_prefill_equals_transformers_fed_the_same_chunks(tiny_llama):
+    """Later chunks read the whole prefix, their own chunk included, back from the int8 cache."""
+    prompts = [LONG + "and then", "Once upon a time, there was a little cat who lived in a big old house by the sea"]
+    run = generate(tiny_llama, "--engine-arg", "kv_cache_dtype=int8_per_token_head", "--engine-arg", "max_num_seqs=1",
+                   "--engine-arg", f"max_num_batched_tokens={CHUNK}", env=ASCEND, max_tokens=MAX_TOKENS,
+                   prompts=prompts)
+    prompt_ids = [o["prompt_token_ids"] for o in run["outputs"]]
+    assert max(len(ids) for ids in prompt_ids) > CHUNK
+    assert tokens(run) == hf_greedy_int8_kv(tiny_llama, prompt_ids, MAX_TOKENS, chunk=CHUNK)
+    assert run["report"]["trace"]["attention_states"].get("ChunkedPrefill", 0) > 0
