@@ -53,9 +53,9 @@ class AscendBackendProvider:
                            platform_default: Callable[[], str]) -> str:
         if selector_config.use_sparse:
             raise NotImplementedError(
-                "sparse-attention (SFA) models: the Ascend SFA backend (ascend_kernel_plugins.attention.ascend.sfa) "
-                "is not wired into vLLM 0.32's DeepSeek-V3.2 indexer path yet; use ASCEND_KERNEL_ATTENTION_BACKEND="
-                "vllm-native"
+                "sparse-attention (SFA) models are not supported yet: the Ascend SFA backend "
+                "(ascend_kernel_plugins.attention.ascend.sfa) is not wired into vLLM 0.32's DeepSeek-V3.2 model "
+                "path, whose indexer quantises its query with a Triton GPU kernel"
             )
         return ASCEND_MLA_BACKEND_PATH if selector_config.use_mla else ASCEND_BACKEND_PATH
 
@@ -68,7 +68,7 @@ class AscendBackendProvider:
 def ascend_supported(ctx: Any) -> str | None:
     model = ctx.vllm_config.model_config
     if model is not None and hasattr(model.hf_text_config, "index_topk"):
-        return "sparse-attention models: the Ascend SFA backend is not wired into vLLM's indexer path yet"
+        return "sparse-attention models: the Ascend SFA backend is not wired into vLLM's DeepSeek-V3.2 model path yet"
     return None
 
 

