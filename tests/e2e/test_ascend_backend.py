@@ -144,3 +144,11 @@ def test_layer_ops_on_the_seam_too(tiny_llama):
     assert layer_ops["layers_built"] == {"RMSNorm": 5, "RotaryEmbedding": 1}
     decision = next(d for d in run["report"]["decisions"] if d["family"] == "layer_ops")
     assert decision["chosen"] == "ascend" and decision["forced_by"].startswith("setting ASCEND_KERNEL_LAYER_OPS")
+
+
+def test_tensor_parallel_workers_run_the_ascend_backend(tiny_llama):
+    """TP=2 in worker processes: each rank activates the kernel from the pickled config (no config hooks)."""
+    env = clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_ATTENTION_BACKEND="ascend",
+                    VLLM_CPU_OMP_THREADS_BIND="0|1", VLLM_ENABLE_V1_MULTIPROCESSING="1")
+    run = generate(tiny_llama, "--engine-arg", "tensor_parallel_size=2", env=env, max_tokens=MAX_TOKENS)
+    check(tiny_llama, run, "DecodeOnly")
