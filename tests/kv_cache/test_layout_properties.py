@@ -301,3 +301,28 @@ def test_mla_head_size_mismatch_names_the_config_dims(model_dirs):
     kernel = build_kernel(load_settings(), "cpu")
     with pytest.raises(KVCacheAllocationError, match="320 != kv_lora_rank 512 \\+ qk_rope_head_dim 64"):
         allocate_with(kernel, cfg, kv_config)
+
+
+def test_sfa_indexer_accepts_vllms_fp8_key_page_and_names_a_wrong_width(model_dirs):
+    """vLLM's DeepSeek-V3.2 indexer cache is uint8: 128 fp8 values + one float32 scale per 128 = 132 bytes."""
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec, SparseCacheRole
+
+    from ascend_kernel.errors import KVCacheAllocationError
+
+    cfg = vllm_config(model_dirs, "sfa", "LBHNC", False)
+    cfg.model_config.hf_text_config.index_head_dim = 128
+    kernel = build_kernel(load_settings(), "cpu")
+    for width, ok in ((132, True), (128, True), (100, False)):
+        specs = {"l.0.attn": MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=KV_LORA_RANK + ROPE_DIM,
+                                              dtype=torch.float32),
+                 "l.0.indexer.k_cache": MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=width,
+                                                         dtype=torch.uint8, cache_role=SparseCacheRole.INDEXER)}
+        kv_config = get_kv_cache_configs(cfg, [specs], [4 << 20])[0]
+        if ok:
+            caches, _ = allocate_with(kernel, cfg, kv_config)
+            assert caches["l.0.indexer.k_cache"].shape[-1] == width
+        else:
+            wrong = "head size 100 is neither index_head_dim 128 .* nor vLLM's fp8 key page of 132"
+            with pytest.raises(KVCacheAllocationError, match=wrong):
+                allocate_with(kernel, cfg, kv_config)
