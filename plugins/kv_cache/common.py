@@ -63,6 +63,16 @@ def handles_spec(ctx: Any, spec_class_name: str) -> str | None:
     return None
 
 
+def handles_kv_attention(ctx: Any) -> str | None:
+    """``supports`` helper: None for full-attention specs with separate K and V (not MLA's latent)."""
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    reason = handles_spec(ctx, "FullAttentionSpec")
+    if reason is None and issubclass(ctx.subject, MLAAttentionSpec):
+        return "MLA caches have no separate K and V"
+    return reason
+
+
 class PageViewLayout:
     """Base of the layouts: PD alignment, the resolved vLLM layout, checked page views.
 

@@ -33,7 +33,7 @@ import torch
 from ascend_kernel.errors import KVCacheAllocationError
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
-from ascend_kernel_plugins.kv_cache.common import PageViewLayout, handles_spec
+from ascend_kernel_plugins.kv_cache.common import PageViewLayout, handles_kv_attention
 
 INT8_KV_CACHE_DTYPE = "int8_per_token_head"
 _SCALE_BYTES = 4  # float32
@@ -111,11 +111,7 @@ class Int8BSHLayout(PageViewLayout):
 
 
 def _supports(ctx: Any) -> str | None:
-    from vllm.v1.kv_cache_interface import MLAAttentionSpec
-
-    reason = handles_spec(ctx, "FullAttentionSpec")
-    if reason is None and issubclass(ctx.subject, MLAAttentionSpec):
-        return "MLA caches are not int8 BSH"
+    reason = handles_kv_attention(ctx)
     if reason is None and not uses_int8_bsh(ctx.vllm_config):
         cache = getattr(ctx.vllm_config, "cache_config", None)
         return f"kv_cache_dtype is {getattr(cache, 'cache_dtype', None)!r}, not {INT8_KV_CACHE_DTYPE!r}"

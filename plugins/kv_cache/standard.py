@@ -19,7 +19,7 @@ import torch
 from ascend_kernel.device import Device
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
-from ascend_kernel_plugins.kv_cache.common import PageViewLayout, handles_spec, split_kv
+from ascend_kernel_plugins.kv_cache.common import PageViewLayout, handles_kv_attention, split_kv
 from ascend_kernel_plugins.kv_cache.int8_bsh import INT8_KV_CACHE_DTYPE, uses_int8_bsh
 
 ASCEND_KERNEL_ESSENTIAL = "full-attention layers (every decoder model) need the standard KV layout"
@@ -46,11 +46,7 @@ class StandardKVLayout(PageViewLayout):
 
 
 def _supports(ctx: Any) -> str | None:
-    from vllm.v1.kv_cache_interface import MLAAttentionSpec
-
-    reason = handles_spec(ctx, "FullAttentionSpec")
-    if reason is None and issubclass(ctx.subject, MLAAttentionSpec):
-        return "MLA caches have no separate K and V"
+    reason = handles_kv_attention(ctx)
     if reason is None and uses_int8_bsh(ctx.vllm_config):
         return f"{INT8_KV_CACHE_DTYPE} caches are int8 BSH pages (layout int8-bsh)"
     return reason

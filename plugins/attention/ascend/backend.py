@@ -206,10 +206,11 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
             key_cache, value_cache = caches.key, caches.value
         else:
             # page view [blocks, kv_heads, tokens, 2d] -> Ascend caches [blocks, tokens, kv_heads, d]
+            caches = None
             key_cache = kv_cache[..., :d].transpose(1, 2)
             value_cache = kv_cache[..., d:].transpose(1, 2)
         if key is None:
-            k, v = self._cached_step_kv(kv_cache, key_cache, value_cache, attn_metadata.slot_mapping, q.dtype)
+            k, v = _cached_step_kv(key_cache, value_cache, caches, attn_metadata.slot_mapping, q.dtype)
         else:
             k = key[:n].view(n, self.num_kv_heads, d)
             v = value[:n].view(n, self.num_kv_heads, d)
@@ -237,18 +238,6 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
         output[:n].copy_(out.reshape(output[:n].shape))
         return output
 
-    def _cached_step_kv(self, kv_cache: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                        slot_mapping: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """This step's K/V read back from the cache at its slots (dequantised for int8 pages)."""
-        slots = slot_mapping.long().clamp(min=0)  # padding rows read slot 0; their output is unused
-        blocks, offsets = slots // key_cache.shape[1], slots % key_cache.shape[1]
-        key, value = key_cache[blocks, offsets], value_cache[blocks, offsets]
-        if self.int8_cache:
-            caches = bsh_parts(kv_cache, self.num_kv_heads, self.head_size, self.head_size)
-            key = key.float() * caches.key_scale[blocks, offsets].unsqueeze(-1)
-            value = value.float() * caches.value_scale[blocks, offsets].unsqueeze(-1)
-        return key.to(dtype), value.to(dtype)
-
     def _write_int8(self, key: torch.Tensor, value: torch.Tensor, caches: Int8BSHCaches,
                     slot_mapping: torch.Tensor) -> None:
         """Quantise K and V per token and head; store the int8 values and their scales at the slots."""
@@ -257,6 +246,18 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
         self.ops.reshape_and_cache(key_q, value_q, caches.key, caches.value, slot_mapping)
         self.ops.reshape_and_cache(key_scale.unsqueeze(-1), value_scale.unsqueeze(-1),
                                    caches.key_scale.unsqueeze(-1), caches.value_scale.unsqueeze(-1), slot_mapping)
+
+
+def _cached_step_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, int8: Int8BSHCaches | None,
+                    slot_mapping: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """This step's K/V read back from the cache at its slots (dequantised with ``int8``'s scales if given)."""
+    slots = slot_mapping.long().clamp(min=0)  # padding rows read slot 0; their output is unused
+    blocks, offsets = slots // key_cache.shape[1], slots % key_cache.shape[1]
+    key, value = key_cache[blocks, offsets], value_cache[blocks, offsets]
+    if int8 is not None:
+        key = key.float() * int8.key_scale[blocks, offsets].unsqueeze(-1)
+        value = value.float() * int8.value_scale[blocks, offsets].unsqueeze(-1)
+    return key.to(dtype), value.to(dtype)
 
 
 def _dequantized_blocks(caches: Int8BSHCaches, block_table: torch.Tensor,
