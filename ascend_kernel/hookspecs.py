@@ -89,6 +89,11 @@ def ascend_kernel_attention_backends() -> "list[Implementation]":
     delegate. A provider may also offer
     ``mla_prefill_backend_cls(selector_config, platform_default) -> type`` to
     choose vLLM's MLA prefill backend; without it the platform's is kept.
+    And it may offer ``prepare_model(vllm_config) -> list[str]``, which the
+    runner calls once, before the model is built, for backends that need a
+    model-level module of their own (a module that is not a vLLM custom op
+    can only be swapped before construction, e.g. the SFA backend's lightning
+    indexer); it returns the dotted names it replaced, shown in the report.
 
     :return: entries for this family (may be empty).
     """

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 #: Architectures :func:`create_tiny_model` can build.
 SUPPORTED_ARCHS: tuple[str, ...] = (
-    "llama", "deepseek_v2", "qwen2_moe", "mamba2", "falcon_h1", "qwen3_next", "gemma3n", "bert",
+    "llama", "deepseek_v2", "deepseek_v32", "qwen2_moe", "mamba2", "falcon_h1", "qwen3_next", "gemma3n", "bert",
 )
 
 #: Weight dtypes accepted for ``dtype`` (float32 is the one the tests compare in).
@@ -204,6 +204,21 @@ def _build(arch: str, out: Path, *, seed: int, dtype: str) -> None:
         bos_token_id=ids["bos_token"], eos_token_id=ids["eos_token"], pad_token_id=ids["pad_token"]
     )
     model.save_pretrained(out, safe_serialization=True)
+    extra = _EXTRA_WEIGHTS.get(arch)
+    if extra is not None:
+        _add_weights(out / "model.safetensors", extra(config, seed), torch_dtype)
+
+
+def _add_weights(path: Path, tensors: dict[str, Any], dtype: Any) -> None:
+    """Append ``tensors`` (cast to ``dtype``) to a single-file safetensors checkpoint."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(path)
+    clash = sorted(set(state) & set(tensors))
+    if clash:
+        raise ValueError(f"extra weights would overwrite {clash[:3]} in {path}")
+    state.update({name: t.to(dtype).contiguous() for name, t in tensors.items()})
+    save_file(state, path, metadata={"format": "pt"})
 
 
 def _init_weights(model: Any, seed: int) -> None:
@@ -308,6 +323,43 @@ def _deepseek_v2_config(vocab_size: int) -> Any:
         tie_word_embeddings=False,
         initializer_range=INIT_STD,
     )
+
+
+def _deepseek_v32_config(vocab_size: int) -> Any:
+    """DeepSeek-V3.2-style sparse attention: the DeepSeek-V2 model plus a lightning indexer per layer.
+
+    transformers has no V3.2 model, but vLLM builds one from a DeepSeek-V2
+    config that carries ``index_topk``/``index_n_heads``/``index_head_dim``
+    (and a low-rank query, which the indexer reads). transformers' DeepSeek-V2
+    loads the same checkpoint and ignores the indexer weights: that is dense
+    attention, which the sparse model equals whenever ``index_topk`` covers
+    every position. ``index_topk`` is small (32) so that longer prompts really
+    drop positions; 16 indexer heads make exact score ties (every head's relu
+    at zero) rare.
+    """
+    config = _deepseek_v2_config(vocab_size)
+    config.q_lora_rank = 64
+    config.index_topk = 32
+    config.index_n_heads = 16
+    config.index_head_dim = 128
+    return config
+
+
+def _deepseek_v32_indexer_weights(config: Any, seed: int) -> dict[str, Any]:
+    """The indexer of every layer, named as DeepSeek-V3.2 checkpoints name it (drawn from a seed of its own)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 32)
+    heads, dim = config.index_n_heads, config.index_head_dim
+    weights = {}
+    for layer in range(config.num_hidden_layers):
+        prefix = f"model.layers.{layer}.self_attn.indexer"
+        weights[f"{prefix}.wq_b.weight"] = torch.randn(heads * dim, config.q_lora_rank, generator=gen) * INIT_STD
+        weights[f"{prefix}.wk.weight"] = torch.randn(dim, config.hidden_size, generator=gen) * INIT_STD
+        weights[f"{prefix}.weights_proj.weight"] = torch.randn(heads, config.hidden_size, generator=gen) * INIT_STD
+        weights[f"{prefix}.k_norm.weight"] = torch.ones(dim)
+        weights[f"{prefix}.k_norm.bias"] = torch.randn(dim, generator=gen) * INIT_STD
+    return weights
 
 
 def _qwen2_moe_config(vocab_size: int) -> Any:
@@ -468,6 +520,7 @@ ENCODER_ARCHS = frozenset({"bert"})
 _BUILDERS: dict[str, Callable[[int], Any]] = {
     "llama": _llama_config,
     "deepseek_v2": _deepseek_v2_config,
+    "deepseek_v32": _deepseek_v32_config,
     "qwen2_moe": _qwen2_moe_config,
     "mamba2": _mamba2_config,
     "falcon_h1": _falcon_h1_config,
@@ -476,3 +529,8 @@ _BUILDERS: dict[str, Callable[[int], Any]] = {
     "bert": _bert_config,
 }
 assert tuple(_BUILDERS) == SUPPORTED_ARCHS
+
+#: weights transformers' model class does not have, added to the checkpoint for vLLM
+_EXTRA_WEIGHTS: dict[str, Callable[[Any, int], dict[str, Any]]] = {
+    "deepseek_v32": _deepseek_v32_indexer_weights,
+}

@@ -196,3 +196,22 @@ def test_mla_scheduling_is_given_back_only_for_the_ascend_backend(tmp_path):
     changes = restore_mla_scheduling(cfg, requested, "ascend")
     assert {c.path for c in changes} >= {"scheduler_config.enable_chunked_prefill", "cache_config.enable_prefix_caching"}
     assert cfg.scheduler_config.enable_chunked_prefill is True and cfg.cache_config.enable_prefix_caching is True
+
+
+def test_cpu_config_hook_knows_sparse_models_go_to_the_ascend_backend(tmp_path, llama_dir):
+    """Unforced, a sparse model's config is fixed for the Ascend backend it will get (no CPU_MLA pin)."""
+    from vllm.config import ModelConfig, VllmConfig
+
+    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel_plugins.attention.backends import cpu_backend_choice
+    from ascend_kernel_plugins.attention.cpu_fixups import mla_cpu_fixups
+
+    sparse = VllmConfig(model_config=ModelConfig(model=str(create_tiny_model("deepseek_v32", tmp_path / "v32")),
+                                                 max_model_len=128))
+    dense = config(llama_dir)
+    assert cpu_backend_choice("auto", sparse) == "ascend"
+    assert cpu_backend_choice("auto", dense) == "vllm-native"
+    assert cpu_backend_choice("vllm-native", sparse) == "vllm-native"  # forced: the registry then refuses it
+    changes = {c.path for c in mla_cpu_fixups(sparse, cpu_backend_choice("auto", sparse))}
+    assert "attention_config.backend" not in changes and sparse.attention_config.backend is None
+    assert "compilation_config.custom_ops" in changes

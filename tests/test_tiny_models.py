@@ -68,7 +68,8 @@ def test_loads_in_transformers_and_generates(built: dict[str, Path], arch: str) 
     path = built[arch]
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
-    assert model.config.model_type.removesuffix("_text") == arch
+    # DeepSeek-V3.2 has no transformers model: its checkpoint is a DeepSeek-V2 one plus indexer weights
+    assert model.config.model_type.removesuffix("_text") == {"deepseek_v32": "deepseek_v2"}.get(arch, arch)
     assert model.config.vocab_size == len(tok)
 
     ids = tok(PROMPT, return_tensors="pt").input_ids
@@ -82,6 +83,22 @@ def test_loads_in_transformers_and_generates(built: dict[str, Path], arch: str) 
     new = out[0, ids.shape[1]:].tolist()
     assert len(new) == 8
     assert all(0 <= t < len(tok) for t in new)
+
+
+def test_deepseek_v32_checkpoint_carries_an_indexer_per_layer(built: dict[str, Path]) -> None:
+    """vLLM builds the lightning indexer from these names and shapes; transformers ignores them."""
+    from safetensors.torch import load_file
+
+    path = built["deepseek_v32"]
+    config = json.loads((path / "config.json").read_text())
+    weights = load_file(path / "model.safetensors")
+    heads, dim, hidden = config["index_n_heads"], config["index_head_dim"], config["hidden_size"]
+    assert config["index_topk"] > 0 and config["q_lora_rank"] > 0
+    for layer in range(config["num_hidden_layers"]):
+        p = f"model.layers.{layer}.self_attn.indexer."
+        shapes = {k[len(p):]: tuple(v.shape) for k, v in weights.items() if k.startswith(p)}
+        assert shapes == {"wq_b.weight": (heads * dim, config["q_lora_rank"]), "wk.weight": (dim, hidden),
+                          "weights_proj.weight": (heads, hidden), "k_norm.weight": (dim,), "k_norm.bias": (dim,)}
 
 
 def test_unknown_arch_names_the_allowed_ones(tmp_path: Path) -> None:

@@ -78,11 +78,14 @@ class TorchNpuOps:
         return out
 
     def lightning_indexer(self, query, key_cache, weights, query_lens, context_lens, block_table, sparse_count):
-        # CANN custom op (registered by the Ascend custom-ops package under torch.ops.custom)
-        return torch.ops.custom.npu_lightning_indexer(
-            query, key_cache, weights, actual_seq_lengths_query=torch.cumsum(query_lens, 0).to(torch.int32),
-            actual_seq_lengths_key=context_lens.to(torch.int32), block_table=block_table,
+        # CANN custom op (registered by the Ascend custom-ops package under torch.ops.custom); it takes the
+        # head weights in the query's dtype and answers [T, key heads (1), sparse_count]: the seam's is [T, sparse_count]
+        selected = torch.ops.custom.npu_lightning_indexer(
+            query, key_cache, weights.to(query.dtype),
+            actual_seq_lengths_query=torch.cumsum(query_lens, 0).to(query.device, torch.int32),
+            actual_seq_lengths_key=context_lens.to(query.device, torch.int32), block_table=block_table,
             layout_query="TND", layout_key="PA_BSND", sparse_count=sparse_count, sparse_mode=3)
+        return selected.squeeze(1)
 
     def sparse_attention_mla(self, query, query_rope, nope_cache, rope_cache, sparse_indices, query_lens,
                              block_table, context_lens, scale):

@@ -48,8 +48,10 @@ class KernelRunnerMixin:
         self.kernel = kernel_mod.activate(vllm_config, configure=False)
         plan = self.kernel.resolve(vllm_config)
         self.kernel_plan = plan
-        # before load_model builds the layers: vLLM picks custom-op classes at construction
+        # before load_model builds the layers: vLLM picks custom-op classes and modules at construction
         plan.layer_ops.install()
+        prepare_model = getattr(plan.attention_backend, "prepare_model", None)
+        self.kernel_model_patches: list[str] = list(prepare_model(vllm_config)) if prepare_model else []
         self.kernel_trace = StepTrace()
         self.kernel_kv_report = KVAllocationReport()
         self.kernel_attn_state: Any = None
@@ -163,6 +165,7 @@ class KernelRunnerMixin:
         from ascend_kernel.ops import provider_name
 
         report["layer_ops"] = self.kernel_plan.layer_ops.describe()
+        report["model_patches"] = self.kernel_model_patches
         report["ops_provider"] = provider_name(self.kernel.settings.ops_provider, self.kernel.device_info.kind)
         report["sampler_class"] = type(self.sampler).__module__ + "." + type(self.sampler).__qualname__
         drafter = getattr(self, "drafter", None)

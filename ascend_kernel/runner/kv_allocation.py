@@ -43,7 +43,7 @@ class KVAllocationReport:
     alignment: int = 1
     slack_bytes: int = 0
     backing_data_ptr: int = 0
-    layouts: dict[str, LayoutUsage] = field(default_factory=dict)
+    layouts: dict[tuple[str, int], LayoutUsage] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -165,8 +165,9 @@ def allocate_kv_caches(
                 f"layout '{layout_name}' returned {len(views)} caches for "
                 f"{len(placement.layers)} layers ({placement.layers})"
             )
+        # one row per page format: a spec type can come in several page sizes (SFA's latent and indexer caches)
         usage = report.layouts.setdefault(
-            type(spec).__name__,
+            (type(spec).__name__, spec.page_size_bytes),
             LayoutUsage(layout_name, type(spec).__name__, block_size=spec.block_size, page_bytes=spec.page_size_bytes),
         )
         usage.placements += 1

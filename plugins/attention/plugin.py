@@ -50,8 +50,7 @@ def ascend_kernel_attention_backends() -> list[Implementation]:
             family="attention_backend",
             name="ascend",
             factory=lambda ctx: backends.AscendBackendProvider(),
-            supports=backends.ascend_supported,
-            description="Ascend paged attention over the ops seam (torch_npu on NPU, reference elsewhere)",
+            description="Ascend paged attention, MLA and SFA over the ops seam (torch_npu on NPU, reference elsewhere)",
         ),
         Implementation(
             family="attention_backend",
@@ -68,7 +67,8 @@ def ascend_kernel_attention_backends() -> list[Implementation]:
 def ascend_kernel_configure(settings, vllm_config, device, requested):
     if device.kind != "cpu":
         return None
+    from ascend_kernel_plugins.attention.backends import cpu_backend_choice
     from ascend_kernel_plugins.attention.cpu_fixups import mla_cpu_fixups, restore_mla_scheduling
 
-    return (mla_cpu_fixups(vllm_config, settings.attention_backend)
-            + restore_mla_scheduling(vllm_config, requested, settings.attention_backend))
+    backend = cpu_backend_choice(settings.attention_backend, vllm_config)
+    return mla_cpu_fixups(vllm_config, backend) + restore_mla_scheduling(vllm_config, requested, backend)

@@ -26,7 +26,7 @@ def latent_dims(vllm_config: Any) -> tuple[int, int]:
 
 def is_sparse_model(vllm_config: Any) -> bool:
     """DeepSeek-V3.2-style sparse attention (SFA) models carry an indexer top-k."""
-    model = vllm_config.model_config
+    model = getattr(vllm_config, "model_config", None)
     return model is not None and hasattr(model.hf_text_config, "index_topk")
 
 

