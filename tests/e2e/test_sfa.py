@@ -216,3 +216,12 @@ def test_ngram_speculative_decoding(tiny_v32, sparse_oracle):
     assert_equals_sparse_oracle(sparse_oracle, run)
     check_states(run, "SpecDecoding")
     assert run["report"]["trace"]["rejection_sampler_calls"] > 0
+
+
+def test_tensor_parallel_heads_share_one_replicated_indexer(tiny_v32, sparse_oracle):
+    """TP=2 worker processes: each rank's MLA heads attend over the selection of its own (replicated) indexer."""
+    env = clean_env(ASCEND_KERNEL_DEVICE="cpu", VLLM_CPU_OMP_THREADS_BIND="0|1", VLLM_ENABLE_V1_MULTIPROCESSING="1")
+    run = generate(tiny_v32, "--engine-arg", "tensor_parallel_size=2", env=env, max_tokens=MAX_TOKENS,
+                   prompts=[LONG + "and then"])
+    assert_equals_sparse_oracle(sparse_oracle, run)
+    check_states(run, "PrefillNoCache", "DecodeOnly")
