@@ -161,8 +161,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
             report = engine.kernel_report(llm)
         finally:
             engine.shutdown(llm)
+    # num_cached_tokens: prompt tokens served from the prefix cache (0 without a hit)
     results = [{"prompt": p, "prompt_token_ids": list(o.prompt_token_ids), "token_ids": list(o.outputs[0].token_ids),
-                "text": o.outputs[0].text} for p, o in zip(prompts, outputs)]
+                "text": o.outputs[0].text, "num_cached_tokens": int(o.num_cached_tokens or 0)}
+               for p, o in zip(prompts, outputs)]
     text = _report_text(report) + "\n\n" + "\n".join(
         f"prompt: {r['prompt']!r}\n  tokens: {r['token_ids']}\n  text:   {r['text']!r}" for r in results)
     _emit(args, {"device": device, "outputs": results, "report": report}, text)

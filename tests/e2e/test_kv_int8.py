@@ -11,6 +11,8 @@ self-attention in full precision, as the backend's PrefillNoCache does.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.e2e.conftest import clean_env, generate, tokens
@@ -31,11 +33,15 @@ def fake_int8(x):
     return (torch.sign(y) * torch.floor(y.abs() + 0.5)).clamp(-128, 127) * scale
 
 
-def hf_greedy_int8_kv(model, prompt_token_ids, max_tokens, chunk: int | None = None):
-    """Greedy decoding in transformers, prompts fed in chunks of ``chunk`` tokens (whole when None).
+def hf_greedy_int8_kv(model, prompt_token_ids, max_tokens, chunk: int | None = None,
+                      cached: list[int] | None = None):
+    """Greedy decoding in transformers, each prompt fed in pieces, every cache read rounded to int8.
 
-    Keys and values read from the cache (every attention whose keys outnumber
-    its queries) are rounded to int8 first, as the backend's cache reads are.
+    Pieces: chunks of ``chunk`` tokens (whole prompt when None), or, with
+    ``cached``, the prompt's first ``cached[i]`` tokens (what vLLM served from
+    its prefix cache) and then the rest. Keys and values read from the cache
+    (every attention whose keys outnumber its queries) are rounded to int8
+    first, as the backend's cache reads are.
     """
     import torch
     from transformers import AttentionInterface, AutoModelForCausalLM, DynamicCache
@@ -52,10 +58,15 @@ def hf_greedy_int8_kv(model, prompt_token_ids, max_tokens, chunk: int | None = N
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, attn_implementation="int8_kv_sdpa").eval()
     out = []
     with torch.no_grad():
-        for ids in prompt_token_ids:
-            cache, step = DynamicCache(config=hf.config), chunk or len(ids)
-            for start in range(0, len(ids), step):
-                logits = hf(torch.tensor([ids[start:start + step]]), past_key_values=cache, use_cache=True).logits
+        for i, ids in enumerate(prompt_token_ids):
+            if cached is not None:
+                bounds = [b for b in (0, cached[i], len(ids)) if b <= len(ids)]
+            else:
+                bounds = [*range(0, len(ids), chunk or len(ids)), len(ids)]
+            bounds = sorted(set(bounds))
+            cache = DynamicCache(config=hf.config)
+            for start, end in zip(bounds, bounds[1:]):
+                logits = hf(torch.tensor([ids[start:end]]), past_key_values=cache, use_cache=True).logits
             generated = [int(logits[0, -1].argmax())]
             while len(generated) < max_tokens:
                 logits = hf(torch.tensor([[generated[-1]]]), past_key_values=cache, use_cache=True).logits
@@ -105,3 +116,28 @@ def test_int8_chunked_prefill_equals_transformers_fed_the_same_chunks(tiny_llama
     assert max(len(ids) for ids in prompt_ids) > CHUNK
     assert tokens(run) == hf_greedy_int8_kv(tiny_llama, prompt_ids, MAX_TOKENS, chunk=CHUNK)
     assert run["report"]["trace"]["attention_states"].get("ChunkedPrefill", 0) > 0
+
+
+def test_int8_prefix_cache_hit_reads_the_cached_prefix_back_from_int8(tiny_llama):
+    """PrefillCacheHit: the new tokens attend over the int8 prefix another request left in the cache."""
+    prompts = [LONG + "and then", LONG + "while the cat"]
+    run = generate(tiny_llama, "--engine-arg", "kv_cache_dtype=int8_per_token_head", "--engine-arg", "max_num_seqs=1",
+                   "--engine-arg", "enable_chunked_prefill=false", "--engine-arg", "enable_prefix_caching=true",
+                   "--engine-arg", "block_size=16", env=ASCEND, max_tokens=MAX_TOKENS, prompts=prompts)
+    assert run["report"]["trace"]["attention_states"].get("PrefillCacheHit", 0) > 0
+    cached = [o["num_cached_tokens"] for o in run["outputs"]]
+    assert cached[0] == 0 and cached[1] >= 16
+    prompt_ids = [o["prompt_token_ids"] for o in run["outputs"]]
+    assert tokens(run) == hf_greedy_int8_kv(tiny_llama, prompt_ids, MAX_TOKENS, cached=cached)
+
+
+def test_int8_ngram_spec_decode_reads_drafts_back_from_int8(tiny_llama):
+    """SpecDecoding verifies several tokens at once; each reads every K/V, its own included, from the int8 cache."""
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                       "prompt_lookup_min": 1})
+    prompts = [LONG + "the quick", "the quick brown fox jumps over the lazy dog and the quick brown fox"]
+    run = generate(tiny_llama, "--engine-arg", "kv_cache_dtype=int8_per_token_head", "--speculative-config", spec,
+                   env=ASCEND, max_tokens=MAX_TOKENS, prompts=prompts)
+    assert run["report"]["trace"]["attention_states"].get("SpecDecoding", 0) > 0
+    prompt_ids = [o["prompt_token_ids"] for o in run["outputs"]]
+    assert tokens(run) == hf_greedy_int8_kv(tiny_llama, prompt_ids, MAX_TOKENS)
