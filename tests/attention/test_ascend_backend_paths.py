@@ -6,6 +6,8 @@
 * int8 pages in scattered blocks: the decode dequantises the referenced blocks
   into a compact copy; the renumbered block table must keep each block's
   identity (tiny engines allocate blocks 1, 2, ... so they cannot tell).
+* host lengths: the builders read sequence lengths from vLLM's host copy when
+  it is exact, so a step costs no device-to-host copy (a wait on an NPU).
 """
 
 from __future__ import annotations
@@ -104,3 +106,51 @@ def test_int8_decode_reads_scattered_blocks_through_the_renumbered_table():
         values = parts.value[blocks, offsets].double() * parts.value_scale[blocks, offsets].double().unsqueeze(-1)
         expected = naive(q[r:r + 1].view(1, HEADS, D), keys, values, D ** -0.5, [length - 1], length)
         torch.testing.assert_close(out[r:r + 1].view(1, HEADS, D).double(), expected, rtol=1e-4, atol=1e-4)
+
+
+def _lengths_metadata(device_seq_lens: torch.Tensor, host_seq_lens: torch.Tensor | None):
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    starts = torch.tensor([0, 3, 4], dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=starts.clone(), query_start_loc_cpu=starts, seq_lens=device_seq_lens,
+        seq_lens_cpu_upper_bound=host_seq_lens, num_reqs=2, num_actual_tokens=4, max_query_len=3, max_seq_len=9,
+        block_table_tensor=torch.zeros(2, 1, dtype=torch.int32), slot_mapping=torch.arange(4))
+
+
+def test_step_lengths_come_from_the_host_copy_when_it_is_exact():
+    from ascend_kernel_plugins.attention.ascend.backend import step_lengths_and_state
+    from ascend_kernel_plugins.attention.states import StandardStatePolicy
+
+    decide = StandardStatePolicy(None, True).decide
+    # a device tensor that cannot be read back: any device-to-host copy raises
+    unreadable = torch.empty(2, dtype=torch.int32, device="meta")
+    host = torch.tensor([7, 9], dtype=torch.int32)
+    query_lens, seq_lens, state = step_lengths_and_state(_lengths_metadata(unreadable, host), decide, True)
+    assert query_lens.tolist() == [3, 1] and seq_lens.tolist() == [7, 9] and seq_lens.dtype == torch.int32
+    assert state is AttentionState.ChunkedPrefill  # cached tokens before a 3-token chunk and a decode
+    with pytest.raises(NotImplementedError):  # not exact (async spec decode) or absent: the device is read
+        step_lengths_and_state(_lengths_metadata(unreadable, host), decide, False)
+    with pytest.raises(NotImplementedError):
+        step_lengths_and_state(_lengths_metadata(unreadable, None), decide, True)
+    device = torch.tensor([7, 9], dtype=torch.int32)
+    assert step_lengths_and_state(_lengths_metadata(device, None), decide, True)[1].tolist() == [7, 9]
+
+
+def test_host_lengths_are_exact_unless_async_scheduling_meets_spec_decode(tmp_path):
+    from vllm.config import ModelConfig, SpeculativeConfig, VllmConfig
+
+    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel_plugins.attention.ascend.backend import host_seq_lens_are_exact
+
+    model = ModelConfig(model=str(create_tiny_model("llama", tmp_path / "llama")), max_model_len=128)
+    plain = VllmConfig(model_config=model)
+    plain.scheduler_config.async_scheduling = True
+    assert host_seq_lens_are_exact(plain)
+    spec = VllmConfig(model_config=model, speculative_config=SpeculativeConfig(
+        method="ngram", num_speculative_tokens=2, prompt_lookup_max=2, prompt_lookup_min=1))
+    spec.scheduler_config.async_scheduling = False
+    assert host_seq_lens_are_exact(spec)
+    spec.scheduler_config.async_scheduling = True
+    assert not host_seq_lens_are_exact(spec)
+    assert not host_seq_lens_are_exact(None)

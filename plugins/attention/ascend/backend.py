@@ -117,12 +117,13 @@ class AscendMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
         self.decide_state = plan.attention_state.decide
         self.masks = plan.attention_mask
         self.dtype = vllm_config.model_config.dtype
+        self.host_seq_lens_exact = host_seq_lens_are_exact(vllm_config)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> AscendMetadata:
         m = common_attn_metadata
         n = m.num_reqs
-        query_lens, seq_lens, state = step_lengths_and_state(m, self.decide_state)
+        query_lens, seq_lens, state = step_lengths_and_state(m, self.decide_state, self.host_seq_lens_exact)
         if state in (AttentionState.PrefillNoCache, AttentionState.PrefillCacheHit):
             mask = self.masks.mask_for(state, seq_lens, torch.empty(0), self.dtype, self.device)
         elif state is AttentionState.DecodeOnly:
@@ -141,16 +142,38 @@ class AscendMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
         )
 
 
-def step_lengths_and_state(m: CommonAttentionMetadata, decide_state: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
+def host_seq_lens_are_exact(vllm_config: Any) -> bool:
+    """Whether vLLM's host copy of the sequence lengths is exact for every step of this engine.
+
+    The runner's ``seq_lens_cpu_upper_bound`` is exact except under async
+    scheduling with speculative decoding, where it assumes every draft was
+    accepted; there only the device tensor knows the truth. Without a config
+    (backend-level use) the device tensor is the safe answer.
+    """
+    if vllm_config is None:
+        return False
+    return not (vllm_config.scheduler_config.async_scheduling and vllm_config.speculative_config is not None)
+
+
+def step_lengths_and_state(m: CommonAttentionMetadata, decide_state: Any,
+                           host_seq_lens_exact: bool = False) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """Per-request query and sequence lengths (host int32) and the step's attention state.
 
-    The state is the one the runner decided for this step; warm-up and profile
-    runs have none, so the same policy decides it from the metadata.
+    The Ascend kernels take lengths on the host. With ``host_seq_lens_exact``
+    (see :func:`host_seq_lens_are_exact`) they come from the runner's host
+    copy; otherwise from the device tensor, a device-to-host copy that waits
+    for the device on an NPU. The state is the one the runner decided for this
+    step; warm-up and profile runs have none, so the same policy decides it
+    from the metadata.
     """
     n = m.num_reqs
     starts = m.query_start_loc_cpu[: n + 1].to(torch.int32)
     query_lens = starts[1:] - starts[:-1]
-    seq_lens = m.seq_lens[:n].to("cpu", torch.int32)
+    host = m.seq_lens_cpu_upper_bound
+    if host_seq_lens_exact and host is not None:
+        seq_lens = host[:n].to(torch.int32)
+    else:
+        seq_lens = m.seq_lens[:n].to("cpu", torch.int32)
     state = current_attn_state()
     if state is None:
         q_np, s_np = query_lens.numpy(), seq_lens.numpy()

@@ -58,7 +58,7 @@ from vllm.v1.attention.backend import (
 from ascend_kernel import kernel as kernel_mod
 from ascend_kernel.ops import get_ops
 from ascend_kernel.step import StepBatch
-from ascend_kernel_plugins.attention.ascend.backend import step_lengths_and_state
+from ascend_kernel_plugins.attention.ascend.backend import host_seq_lens_are_exact, step_lengths_and_state
 from ascend_kernel_plugins.attention.states import AttentionState
 
 
@@ -125,12 +125,13 @@ class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
         if decide_state is None:
             decide_state = kernel_mod.current().resolve(vllm_config).attention_state.decide
         self.decide_state = decide_state
+        self.host_seq_lens_exact = host_seq_lens_are_exact(vllm_config)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> AscendSFAMetadata:
         m = common_attn_metadata
         n = m.num_reqs
-        query_lens, seq_lens, state = step_lengths_and_state(m, self.decide_state)
+        query_lens, seq_lens, state = step_lengths_and_state(m, self.decide_state, self.host_seq_lens_exact)
         return AscendSFAMetadata(
             num_actual_tokens=m.num_actual_tokens,
             attn_state=state,
