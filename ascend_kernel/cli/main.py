@@ -198,7 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("plugins", cmd_plugins, "registered plugins, their hooks, implementations and entry points")
     add("settings", cmd_settings, "every setting: type, default, env var, current value")
     p = add("tiny-model", cmd_tiny_model, "write a small random-weight local model")
-    p.add_argument("--arch", default="llama")
+    from ascend_kernel.tiny_models import SUPPORTED_ARCHS
+
+    p.add_argument("--arch", default="llama", help=f"one of: {', '.join(SUPPORTED_ARCHS)}")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
     p = add("explain", cmd_explain, "decision records for a model and config (builds the engine, no generation)")
