@@ -60,10 +60,9 @@ def hf_greedy_int8_kv(model, prompt_token_ids, max_tokens, chunk: int | None = N
     with torch.no_grad():
         for i, ids in enumerate(prompt_token_ids):
             if cached is not None:
-                bounds = [b for b in (0, cached[i], len(ids)) if b <= len(ids)]
+                bounds = sorted({0, cached[i], len(ids)})
             else:
                 bounds = [*range(0, len(ids), chunk or len(ids)), len(ids)]
-            bounds = sorted(set(bounds))
             cache = DynamicCache(config=hf.config)
             for start, end in zip(bounds, bounds[1:]):
                 logits = hf(torch.tensor([ids[start:end]]), past_key_values=cache, use_cache=True).logits

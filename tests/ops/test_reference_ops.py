@@ -43,6 +43,15 @@ shapes = st.fixed_dictionaries({
 })
 
 
+def assert_last_tokens_match_naive(out, q, ks, vs, lens, q_lens):
+    """Request r's ``q_lens[r]`` query rows are its last positions of ``lens[r]``; each equals naive attention."""
+    start = 0
+    for r, (n, ql) in enumerate(zip(lens, q_lens)):
+        ref = naive(q[start:start + ql], ks[r], vs[r], 1 / math.sqrt(q.shape[-1]), list(range(n - ql, n)), n)
+        torch.testing.assert_close(out[start:start + ql].double(), ref, rtol=1e-4, atol=1e-4)
+        start += ql
+
+
 def paged(cache_len_total, block_size, kv_heads, head_dim, lens, gen):
     """Random K/V per sequence written to random (shuffled) blocks of paged caches."""
     blocks_per = [-(-n // block_size) for n in lens]
@@ -131,11 +140,7 @@ def test_splitfuse_matches_naive_for_chunks_over_cached_prefixes(s, data):
     mask = AttentionMaskBuilder().splitfuse(torch.tensor(lens), positions, torch.float32, torch.device("cpu"))
     out = ops.paged_attention_splitfuse(q, kc, vc, mask, table, torch.tensor(q_lens), torch.tensor(lens),
                                         1 / math.sqrt(d), h, kvh)
-    start = 0
-    for r, (n, ql) in enumerate(zip(lens, q_lens)):
-        ref = naive(q[start:start + ql], ks[r], vs[r], 1 / math.sqrt(d), list(range(n - ql, n)), n)
-        torch.testing.assert_close(out[start:start + ql].double(), ref, rtol=1e-4, atol=1e-4)
-        start += ql
+    assert_last_tokens_match_naive(out, q, ks, vs, lens, q_lens)
 
 
 @settings(max_examples=25, deadline=None)
@@ -155,11 +160,7 @@ def test_prefill_over_cached_prefix_with_the_compressed_mask_matches_naive(kv_he
     assert mask.shape == (CACHE_HIT_MASK_SIZE, CACHE_HIT_MASK_SIZE)
     out = ops.flash_attention_qlens(q, kc, vc, table, mask, torch.tensor(q_lens), torch.tensor(lens),
                                     1 / math.sqrt(d), h, kv_heads)
-    start = 0
-    for r, (n, ql) in enumerate(zip(lens, q_lens)):
-        ref = naive(q[start:start + ql], ks[r], vs[r], 1 / math.sqrt(d), list(range(n - ql, n)), n)
-        torch.testing.assert_close(out[start:start + ql].double(), ref, rtol=1e-4, atol=1e-4)
-        start += ql
+    assert_last_tokens_match_naive(out, q, ks, vs, lens, q_lens)
     tile = CACHE_HIT_MASK_SIZE
     shares_tile = any((p // tile) == ((p + 1) // tile) for n, ql in zip(lens, q_lens) for p in range(n - ql, n - 1))
     if shares_tile:  # the tile is honoured: an all-visible tile lets a new token see a later one
