@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[cpu,test]"
+	$(PY) -m pip install --quiet "setuptools>=77" wheel  # tests/test_packaging.py builds the wheel without build isolation
 	$(PY) -m pip uninstall --yes --quiet torchvision torchaudio torchcodec || true
 	$(PY) -c "import vllm, transformers, torch; from transformers import LlamaForCausalLM; import ascend_kernel_plugins; print('stack ok: vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 	touch $(STAMP)

@@ -30,8 +30,11 @@ def register() -> str | None:
     except SettingsError as exc:
         # vLLM swallows exceptions raised here (it logs them at debug level and
         # falls back to another platform). Asked for the kernel but with a bad
-        # value: activate it anyway so that its config check raises this error
-        # where the user sees it, instead of silently running without it.
+        # value (an unknown or empty ASCEND_KERNEL_* variable included):
+        # activate it anyway so that its config check raises this error where
+        # the user sees it, instead of silently running without it. There it
+        # passes through VllmConfig as itself: SettingsError is no ValueError,
+        # which pydantic would rewrap as a validation error about VllmConfig.
         logger.error("%s", exc)
         return CPU_PLATFORM if env_requests_kernel() else None
     kind = resolve_device_kind(settings)

@@ -13,8 +13,18 @@ class KernelError(Exception):
     """Base class of every error ascend-kernel raises on purpose."""
 
 
-class SettingsError(KernelError, ValueError):
-    """A setting (env var or ``additional_config`` key) has a value that is not allowed."""
+class SettingsError(KernelError):
+    """A setting (env var or ``additional_config`` key) has a value that is not allowed.
+
+    Deliberately not a ValueError: vLLM's ``VllmConfig`` is a pydantic
+    dataclass, and pydantic turns a ValueError raised during its construction
+    (where the platform's config check runs) into a ValidationError about
+    VllmConfig, burying the message. Any other exception passes through as is.
+    """
+
+
+class UsageError(KernelError):
+    """A command-line argument of ``ascend-kernel`` has a value that is not allowed (names the flag)."""
 
 
 class PluginError(KernelError):

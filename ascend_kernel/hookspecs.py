@@ -150,12 +150,53 @@ def ascend_kernel_kv_cache_layouts() -> "list[Implementation]":
 
 @hookspec
 def ascend_kernel_moe_comm_policies() -> "list[Implementation]":
-    """Offer MoE communication policies (family ``moe_comm``).
+    """Offer MoE communication policies (family ``moe_comm``: one is chosen).
 
-    The built object must provide ``select(num_tokens, with_prefill) -> str | None``:
-    the method (``"allgather"``, ``"mc2"``, ``"alltoall"``, ``"naive_multicast"``)
-    for a batch, None for a model without experts. It is called directly per
-    forward pass; a policy may precompute a table at build time.
+    The built object must provide ``select(num_tokens, with_prefill) -> method | None``:
+    the method object (from ``ctx.tables["moe_comm_method"]``) that moves this
+    forward pass's tokens, or None for a model without experts. The runner
+    calls it directly once per forward pass, publishes the object to vLLM's
+    forward context under ``"moe_comm_method"`` (the MoE layers read it there)
+    and counts ``trace.moe_methods[method.name]``.
+
+    A policy decides *names*; :class:`ascend_kernel_plugins.moe_comm.selector.MethodSelector`
+    turns a name into the method object, applies ``ASCEND_KERNEL_MOE_COMM_METHOD``
+    and sends a batch over a method's capacity to its fallback (counted in the
+    trace as ``moe_fallbacks``). At build time the policy must fail (raise)
+    when a name it can return, or a fallback of one, is not in the table, so
+    that a missing plugin stops start-up instead of a batch.
+
+    An object may also provide ``prepare_model(vllm_config) -> list[str]``
+    (see :func:`ascend_kernel_attention_backends`): the MoE policy uses it to
+    install its MoE layer before the model is built.
+    """
+
+
+@hookspec
+def ascend_kernel_moe_comm_methods() -> "list[Implementation]":
+    """Offer MoE communication methods (family ``moe_comm_method``: a table, not one choice).
+
+    Every supported entry is built at start-up into
+    ``ctx.tables["moe_comm_method"]`` (name -> object) for the policy to choose
+    from per batch. The object must provide:
+
+    * ``name``: the method's name (the entry's name);
+    * ``capacity``: the most tokens per forward pass it serves, or None;
+    * ``fallback``: the method serving a batch over ``capacity`` (None without a capacity);
+    * ``dispatch(hidden, topk_weights, topk_ids, experts, parallel) -> Dispatched``:
+      move this rank's tokens ``hidden`` [T, H] (routed to global expert ids
+      ``topk_ids`` [T, K] with ``topk_weights``) to the ranks that own their
+      experts; return the rows this rank's experts must run, grouped by local
+      expert, and one count per local expert. ``experts`` is a
+      :class:`ascend_kernel_plugins.moe_comm.experts.LocalExperts`, ``parallel`` a
+      :class:`ascend_kernel_plugins.moe_comm.parallel.MoEParallel`;
+    * ``combine(expert_out, dispatched) -> Tensor [T, H]``: bring the outputs
+      back, weighted by the routing weights and summed per token. Ranks that hold
+      the same batch (tensor parallel) may each return part of the sum: vLLM's
+      TP all-reduce after the layer adds them up.
+
+    A method is called directly by the MoE layer; it may hold no per-batch state
+    outside the ``Dispatched`` it returns (layers interleave).
     """
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from ascend_kernel.config_changes import ConfigChange
 from ascend_kernel.device import Device, DeviceInfo, describe_device, resolve_device_kind
 from ascend_kernel.errors import PluginError, SelectionError
 from ascend_kernel.plugin_manager import KernelPluginManager
-from ascend_kernel.registry import DecisionRecord, Implementation, choose
+from ascend_kernel.registry import Candidate, DecisionRecord, Implementation, check_unique_names, choose
 from ascend_kernel.settings import KernelSettings, load_settings
 
 logger = logging.getLogger("ascend_kernel")
@@ -46,6 +46,12 @@ GLOBAL_FAMILIES: tuple[Family, ...] = (
     Family("graph", "ascend_kernel_graph_modes", "graph_mode"),
     Family("layer_ops", "ascend_kernel_layer_ops", "layer_ops"),
 )
+#: Families whose every supported implementation is built, a named table that
+#: a chosen object of another family picks from per batch (MoE comm methods,
+#: picked by the moe_comm policy). Their forcing setting is read by that consumer.
+TABLE_FAMILIES: tuple[Family, ...] = (
+    Family("moe_comm_method", "ascend_kernel_moe_comm_methods", "moe_comm_method", optional=True),
+)
 #: Chosen once per KV-cache spec type present in the model.
 KV_CACHE_FAMILY = Family("kv_cache", "ascend_kernel_kv_cache_layouts", "kv_cache_layout")
 
@@ -58,6 +64,8 @@ class SelectionContext:
     settings: KernelSettings
     device: DeviceInfo
     subject: Any = None
+    #: the built tables of :data:`TABLE_FAMILIES`: family name -> {implementation name: object}
+    tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +81,11 @@ class KernelPlan:
     rejection_sampler: Any
     graph: Any
     layer_ops: Any
+    tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def objects(self) -> list[Any]:
+        """Every chosen object (for lifecycle steps the runner applies to each, e.g. ``prepare_model``)."""
+        return [getattr(self, f.name) for f in GLOBAL_FAMILIES if getattr(self, f.name) is not None]
 
 
 @dataclass(slots=True)
@@ -123,7 +136,8 @@ class Kernel:
         """Choose one implementation per global family; idempotent per process."""
         if self.plan is not None:
             return self.plan
-        ctx = self.context(vllm_config)
+        tables = {family.name: self._build_table(family, self.context(vllm_config)) for family in TABLE_FAMILIES}
+        ctx = SelectionContext(vllm_config, self.settings, self.device_info, None, tables)
         chosen: dict[str, Any] = {}
         for family in GLOBAL_FAMILIES:
             impl, record = choose(
@@ -136,11 +150,33 @@ class Kernel:
             )
             self.records.append(record)
             chosen[family.name] = impl.build(ctx) if impl is not None else None
-        self.plan = KernelPlan(**chosen)
+        self.plan = KernelPlan(**chosen, tables=tables)
         for record in self.records:
             logger.info("ascend-kernel: %s -> %s (%s, %s)", record.family, record.chosen,
                         record.plugin, record.forced_by)
         return self.plan
+
+    def _build_table(self, family: Family, ctx: SelectionContext) -> dict[str, Any]:
+        """Build every supported entry of a table family; the record lists them and why others were left out."""
+        entries = self.entries(family)
+        check_unique_names(family.name, entries)
+        built: dict[str, Any] = {}
+        candidates = []
+        for entry in entries:
+            reason = entry.supports(ctx)
+            if reason is None:
+                obj = entry.build(ctx)
+                for key in (entry.name, *entry.aliases):
+                    built[key] = obj
+            candidates.append(Candidate(entry.name, entry.plugin, entry.entry_point, entry.priority,
+                                        reason is None, "built" if reason is None else f"unsupported: {reason}"))
+        names = sorted(e.name for e in entries if e.name in built)
+        self.records.append(DecisionRecord(
+            family=family.name, subject="", chosen=", ".join(names) or None,
+            plugin=", ".join(sorted({e.plugin for e in entries if e.name in built})) or None,
+            entry_point=None, forced_by="table: every supported implementation is built; chosen per batch",
+            candidates=tuple(candidates)))
+        return built
 
     def kv_layout_for(self, spec_type: type, vllm_config: Any) -> Any:
         """The layout object for one KV-cache spec class (chosen on first use)."""

@@ -3,14 +3,19 @@
 Precedence is ``additional_config["ascend_kernel"]`` (per engine) > environment
 (per process) > default. A bad value stops start-up with a :class:`SettingsError`
 that names the variable (or additional_config key), the value and what is
-allowed. Nothing else in the project calls ``os.getenv``: it asks for a
+allowed. So does an ``ASCEND_KERNEL_*`` variable that is no setting (a typo is
+never silently ignored; the error suggests the closest name) and a setting
+that is set but empty: empty is an error for every setting except the name
+lists (``plugins``, ``disable_plugins``), where it means an empty list.
+Nothing else in the project calls ``os.getenv``: it asks for a
 :class:`KernelSettings`.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, get_args, get_origin
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -21,6 +26,10 @@ from ascend_kernel.errors import SettingsError
 ENV_PREFIX = "ASCEND_KERNEL_"
 ADDITIONAL_CONFIG_KEY = "ascend_kernel"
 AUTO = "auto"
+#: the command that lists every setting (named by the errors)
+SETTINGS_COMMAND = "ascend-kernel settings"
+#: settings that are lists of names: an empty value means an empty list (every other setting refuses one)
+LIST_SETTINGS = ("plugins", "disable_plugins")
 
 NameList = Annotated[tuple[str, ...] | None, NoDecode]
 
@@ -77,6 +86,10 @@ class KernelSettings(BaseSettings):
     attention_mask: str = Field(AUTO, description="Force the attention mask builder by name.")
     kv_cache_layout: str = Field(AUTO, description="Force the KV-cache layout by name (for the specs it handles).")
     moe_comm: str = Field(AUTO, description="Force the MoE communication policy by name.")
+    moe_comm_method: str = Field(
+        AUTO, description="Force one MoE communication method (allgather, alltoall, mc2, naive_multicast, or a "
+        "third party's) for every batch, whatever the policy says; a batch over its capacity still takes its fallback.",
+    )
     drafter: str = Field(AUTO, description="Force the speculative-decoding drafter by name.")
     sampler: str = Field(AUTO, description="Force the sampler by name.")
     rejection_sampler: str = Field(AUTO, description="Force the rejection sampler by name.")
@@ -114,7 +127,7 @@ class KernelSettings(BaseSettings):
 
     @field_validator(
         "attention_backend", "attention_state", "attention_mask", "kv_cache_layout",
-        "moe_comm", "drafter", "sampler", "rejection_sampler", "graph_mode", "layer_ops",
+        "moe_comm", "moe_comm_method", "drafter", "sampler", "rejection_sampler", "graph_mode", "layer_ops",
     )
     @classmethod
     def _forced_name(cls, value: str) -> str:
@@ -146,25 +159,94 @@ def _source_of(field: str, overrides: Mapping[str, Any]) -> str:
     return KernelSettings.env_name(field)
 
 
+def allowed_values(field: str) -> str:
+    """What a setting accepts, in words, for error messages."""
+    info = KernelSettings.model_fields[field]
+    annotation = info.annotation
+    if get_origin(annotation) is Literal:
+        return "one of " + ", ".join(repr(v) for v in get_args(annotation))
+    if annotation is bool:
+        return "true or false, 1 or 0, yes or no, on or off"
+    if annotation is int:
+        bound = next((m.ge for m in info.metadata if getattr(m, "ge", None) is not None), None)
+        return "a whole number" + (f" >= {bound}" if bound is not None else "")
+    if field in LIST_SETTINGS:
+        return "comma-separated plugin names (empty for none)"
+    return f"{AUTO!r} or a non-empty implementation name, as listed by `ascend-kernel plugins`"
+
+
+def _closest(name: str, candidates: list[str]) -> str | None:
+    match = difflib.get_close_matches(name.lower(), [c.lower() for c in candidates], n=1)
+    return next((c for c in candidates if match and c.lower() == match[0]), None)
+
+
+def _unknown_env(key: str, value: str) -> str:
+    fields = list(KernelSettings.model_fields)
+    guess = _closest(key.upper().removeprefix(ENV_PREFIX), [f.upper() for f in fields])
+    hint = f" (did you mean {ENV_PREFIX}{guess}?)" if guess else ""
+    return f"{key}={value!r} is not a setting{hint}; `{SETTINGS_COMMAND}` lists every setting"
+
+
+def _empty(source: str, field: str) -> str:
+    default = KernelSettings.model_fields[field].default
+    return f"{source} is set but empty; allowed: {allowed_values(field)} (default {default!r})"
+
+
+def _is_blank(value: Any) -> bool:
+    return isinstance(value, str) and not value.strip()
+
+
+def _early_problems(overrides: Mapping[str, Any]) -> tuple[list[str], set[str]]:
+    """Unknown ``ASCEND_KERNEL_*`` variables and empty values, which pydantic would ignore or misname.
+
+    Returns the messages and the fields they cover (their pydantic errors are not repeated).
+    """
+    problems: list[str] = []
+    covered: set[str] = set()
+    known = {KernelSettings.env_name(f): f for f in KernelSettings.model_fields}
+    for key, value in sorted(os.environ.items()):
+        upper = key.upper()
+        if not upper.startswith(ENV_PREFIX):
+            continue
+        field = known.get(upper)
+        if field is None:
+            problems.append(_unknown_env(key, value))
+        elif field not in overrides and field not in LIST_SETTINGS and _is_blank(value):
+            problems.append(_empty(key, field))
+            covered.add(field)
+    for field, value in overrides.items():
+        if field in KernelSettings.model_fields and field not in LIST_SETTINGS and _is_blank(value):
+            problems.append(_empty(_source_of(field, overrides), field))
+            covered.add(field)
+    return problems, covered
+
+
 def _describe(error: dict[str, Any], overrides: Mapping[str, Any]) -> str:
     loc = [str(part) for part in error.get("loc", ())]
     field = loc[0] if loc else "?"
     if error.get("type") == "extra_forbidden":
         known = ", ".join(sorted(KernelSettings.model_fields))
+        guess = _closest(field, list(KernelSettings.model_fields))
+        hint = f" (did you mean {guess!r}?)" if guess else ""
         return (
-            f'unknown setting additional_config["{ADDITIONAL_CONFIG_KEY}"]["{field}"]; '
+            f'unknown setting additional_config["{ADDITIONAL_CONFIG_KEY}"]["{field}"]{hint}; '
             f"known settings: {known}"
         )
     source = _source_of(field, overrides)
     value = overrides.get(field) if field in overrides else _env_value(KernelSettings.env_name(field))
-    return f"{source}={value!r} is not allowed: {error.get('msg', 'invalid value')}"
+    message = f"{source}={value!r} is not allowed: {error.get('msg', 'invalid value')}"
+    if field in KernelSettings.model_fields and KernelSettings.model_fields[field].annotation in (bool, int):
+        message += f"; allowed: {allowed_values(field)}"
+    return message
 
 
 def load_settings(additional_config: Mapping[str, Any] | None = None) -> KernelSettings:
     """Build the settings for one engine: additional_config > env > default.
 
     ``additional_config`` is vLLM's ``VllmConfig.additional_config`` (the whole
-    dict); only its ``"ascend_kernel"`` entry is read.
+    dict); only its ``"ascend_kernel"`` entry is read. Every problem (bad
+    values, unknown ``ASCEND_KERNEL_*`` variables, empty values) is reported in
+    one :class:`SettingsError`.
     """
     overrides: Mapping[str, Any] = {}
     if additional_config:
@@ -175,11 +257,16 @@ def load_settings(additional_config: Mapping[str, Any] | None = None) -> KernelS
                 f"names to values, got {type(section).__name__}"
             )
         overrides = dict(section)
+    problems, covered = _early_problems(overrides)
+    settings = None
     try:
-        return KernelSettings(**overrides)
+        settings = KernelSettings(**overrides)
     except ValidationError as exc:
-        problems = "; ".join(_describe(e, overrides) for e in exc.errors())
-        raise SettingsError(f"Invalid ascend-kernel setting: {problems}.") from None
+        problems += [_describe(e, overrides) for e in exc.errors()
+                     if not (e.get("loc") and str(e["loc"][0]) in covered)]
+    if problems or settings is None:
+        raise SettingsError(f"Invalid ascend-kernel setting: {'; '.join(problems)}.")
+    return settings
 
 
 def env_requests_kernel() -> bool:

@@ -39,6 +39,15 @@ class StepTrace:
     sampler_calls: int = 0
     rejection_sampler_calls: int = 0
     drafter_calls: int = 0
+    #: counters plugins keep per step (e.g. ``moe_tokens`` per method), by counter then key
+    counters: dict[str, Counter] = field(default_factory=dict)
+
+    def count(self, counter: str, key: str, amount: int = 1) -> None:
+        """Add ``amount`` to ``counter[key]`` (a plugin's per-step fact; one dict update)."""
+        bucket = self.counters.get(counter)
+        if bucket is None:
+            bucket = self.counters[counter] = Counter()
+        bucket[key] += amount
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -48,4 +57,5 @@ class StepTrace:
             "sampler_calls": self.sampler_calls,
             "rejection_sampler_calls": self.rejection_sampler_calls,
             "drafter_calls": self.drafter_calls,
+            **{name: dict(bucket) for name, bucket in sorted(self.counters.items())},
         }

@@ -15,8 +15,8 @@ from ascend_kernel_plugins.moe_comm.policy import (
     NAIVE_MULTICAST,
     AscendMoECommPolicy,
     mc2_tokens_capacity,
-    supports,
 )
+from ascend_kernel_plugins.moe_comm.selector import MethodSelector
 
 CAP = 64
 
@@ -63,15 +63,18 @@ TABLE = [
 
 @pytest.mark.parametrize(("over", "tokens", "prefill", "expected"),
                          [row[1:] for row in TABLE], ids=[row[0] for row in TABLE])
-def test_select(over, tokens, prefill, expected):
-    assert policy(**over).select(tokens, prefill) == expected
+def test_decide(over, tokens, prefill, expected):
+    chosen = policy(**over).decide(tokens, prefill)
+    assert chosen == expected
+    # start-up checks these names against the installed methods, so decide must never leave them
+    assert chosen is None or chosen in policy(**over).possible_methods()
 
 
 @pytest.mark.parametrize("soc", ["A2", "A3"])
 def test_capacity_boundary(soc):
     p = policy(soc=soc, capacity=128)
-    assert [p.select(n, False) for n in (127, 128)] == [MC2, MC2]
-    assert p.select(129, False) != MC2
+    assert [p.decide(n, False) for n in (127, 128)] == [MC2, MC2]
+    assert p.decide(129, False) != MC2
 
 
 # -- mc2_tokens_capacity ---------------------------------------------------------------
@@ -131,9 +134,24 @@ def vllm_config(is_moe=True, ep=True, model_type="deepseek_v3", moe_quantize=Non
     )
 
 
-def ctx(config, soc="A2", kind="npu", min_world=16):
-    return SimpleNamespace(vllm_config=config, device=DeviceInfo(kind=kind, soc=soc),
-                           settings=SimpleNamespace(mc2_min_world_size=min_world))
+class Method:
+    """A method entry as the table holds it (the selector reads name, capacity and fallback only)."""
+
+    def __init__(self, name, capacity=None, fallback=None):
+        self.name, self.capacity, self.fallback = name, capacity, fallback
+
+
+def table(**over):
+    methods = {ALLGATHER: Method(ALLGATHER), ALLTOALL: Method(ALLTOALL), MC2: Method(MC2, 32, ALLTOALL),
+               "naive-multicast": Method(NAIVE_MULTICAST)}
+    methods.update(over)
+    return {k: v for k, v in methods.items() if v is not None}
+
+
+def ctx(config, soc="A2", kind="npu", min_world=16, methods=None, forced=None):
+    settings = SimpleNamespace(mc2_min_world_size=min_world, forced=lambda field: forced)
+    return SimpleNamespace(vllm_config=config, device=DeviceInfo(kind=kind, soc=soc), settings=settings,
+                           tables={"moe_comm_method": table() if methods is None else methods})
 
 
 def test_from_context_reads_every_fact():
@@ -142,19 +160,49 @@ def test_from_context_reads_every_fact():
     assert p.capacity == 32  # largest capture size 30, rounded up to TP 4
     assert (p.world_size, p.min_mc2_world) == (32, 8)
     assert (p.w4a8, p.allgather_only, p.sequence_parallel) == (True, False, True)
-    assert p.select(32, False) == MC2 and p.select(33, False) == ALLTOALL
+    assert p.select(32, False).name == MC2 and p.select(33, False).name == ALLTOALL
 
 
 def test_from_context_pangu_and_dense():
     p = AscendMoECommPolicy.from_context(ctx(vllm_config(model_type="PanguProMoE"), soc="A3"))
-    assert p.allgather_only and p.select(1, False) == ALLGATHER
+    assert p.allgather_only and p.select(1, False).name == ALLGATHER
     dense = AscendMoECommPolicy.from_context(ctx(vllm_config(is_moe=False)))
     assert dense.select(1, False) is None
 
 
-def test_supports():
-    assert supports(ctx(vllm_config(), soc="A3")) is None
-    assert supports(ctx(vllm_config(ep=False), soc=None, kind="cpu")) is None
-    assert supports(ctx(vllm_config(is_moe=False), soc=None, kind="cpu")) is None
-    reason = supports(ctx(vllm_config(), soc=None, kind="cpu"))
-    assert reason is not None and "A2 or A3" in reason and "ASCEND_KERNEL_SOC" in reason
+def test_expert_parallel_on_a_host_without_soc_all_gathers():
+    """vLLM-CPU's own EP kernel crashes; the kernel serves EP on a CPU host with all-gather by default."""
+    p = AscendMoECommPolicy.from_context(ctx(vllm_config(), soc=None, kind="cpu"))
+    assert p.select(1, False).name == ALLGATHER and p.select(4096, True).name == NAIVE_MULTICAST
+    assert p.possible_methods() == {ALLGATHER, NAIVE_MULTICAST}
+
+
+def test_start_up_fails_when_a_method_the_policy_can_choose_is_not_installed():
+    with pytest.raises(Exception) as err:
+        AscendMoECommPolicy.from_context(ctx(vllm_config(), soc="A3", methods=table(mc2=None)))
+    assert "'mc2'" in str(err.value) and "no installed plugin provides it" in str(err.value)
+    assert "Installed methods: allgather, alltoall, naive-multicast" in str(err.value)
+    # a missing fallback is caught too, naming whose fallback it is
+    with pytest.raises(Exception, match="'alltoall' \\(fallback of mc2\\)"):
+        AscendMoECommPolicy.from_context(ctx(vllm_config(), soc="A2", min_world=8, methods=table(alltoall=None)))
+    # methods the policy cannot reach for this config are not required
+    AscendMoECommPolicy.from_context(ctx(vllm_config(ep=False), soc="A3", methods=table(mc2=None, alltoall=None)))
+
+
+def test_forced_method_serves_every_moe_batch_and_still_falls_back_over_capacity():
+    p = AscendMoECommPolicy.from_context(ctx(vllm_config(), soc="A3", forced="naive-multicast"))
+    assert {p.select(n, prefill).name for n in (1, 4096) for prefill in (False, True)} == {NAIVE_MULTICAST}
+    p = AscendMoECommPolicy.from_context(ctx(vllm_config(), soc="A2", forced=MC2))
+    assert p.select(32, True).name == MC2 and p.select(33, True).name == ALLTOALL
+    assert AscendMoECommPolicy.from_context(ctx(vllm_config(is_moe=False), forced=MC2)).select(1, False) is None
+    with pytest.raises(Exception, match="ASCEND_KERNEL_MOE_COMM_METHOD=nope can choose MoE comm method 'nope'"):
+        AscendMoECommPolicy.from_context(ctx(vllm_config(), forced="nope"))
+
+
+def test_selector_follows_fallback_chains_and_refuses_circles():
+    chain = {"a": Method("a", 2, "b"), "b": Method("b", 4, "c"), "c": Method("c")}
+    selector = MethodSelector(chain, lambda n, prefill: "a", ["a"], None, "test")
+    assert [selector.select(n, False).name for n in (2, 3, 4, 5)] == ["a", "b", "b", "c"]
+    circle = {"a": Method("a", 2, "b"), "b": Method("b", 2, "a")}
+    with pytest.raises(Exception, match="circle: a -> b -> a"):
+        MethodSelector(circle, lambda n, prefill: "a", ["a"], None, "test")

@@ -29,7 +29,8 @@ THIRDPARTY = Path(__file__).resolve().parent / "thirdparty"
 ESSENTIAL = ("attention", "graph", "kv-cache-standard", "layers", "sampling")
 BUILTINS = (
     "attention", "config-fixups", "graph", "kv-cache-int8-bsh", "kv-cache-mamba", "kv-cache-mla", "kv-cache-sfa",
-    "kv-cache-standard", "kv-cache-vllm-views", "layers", "moe-comm", "sampling", "spec-decode-ngram", "spec-decode-vllm",
+    "kv-cache-standard", "kv-cache-vllm-views", "layers", "moe-comm", "moe-comm-allgather", "moe-comm-alltoall",
+    "moe-comm-mc2", "moe-comm-naive-multicast", "sampling", "spec-decode-ngram", "spec-decode-vllm",
 )
 _counter = itertools.count()
 
@@ -421,7 +422,7 @@ def demo_on_path(monkeypatch):
 def test_tests_thirdparty_plugin_is_discovered(demo_on_path):
     pm = manager()
     demo = info_of(pm, "demo")
-    assert [i.name for i in pm.infos][-1] == "demo"
+    assert [i.name for i in pm.infos if not i.builtin] == ["demo", "moe-demo"]  # third parties last, by name
     assert (demo.status, demo.builtin, demo.distribution) == ("loaded", False, "ak-demo-plugin")
     assert demo.entry_point == "ascend_kernel.plugins: demo = ak_demo_plugin"
     assert demo.hooks == ["ascend_kernel_samplers"]

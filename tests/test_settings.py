@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from ascend_kernel.errors import SettingsError
 from ascend_kernel.settings import (
     ENV_PREFIX,
+    LIST_SETTINGS,
     KernelSettings,
     describe_settings,
     env_requests_kernel,
@@ -157,6 +160,170 @@ def test_lowercase_env_var_value_is_named(monkeypatch):
     monkeypatch.setenv("ascend_kernel_device", "gpu")
     with pytest.raises(SettingsError, match="'gpu'"):
         load_settings()
+
+
+# -- unknown and empty variables ---------------------------------------------------
+
+
+def test_unknown_env_var_is_an_error_with_the_closest_name(monkeypatch):
+    monkeypatch.setenv("ASCEND_KERNEL_SAMPLR", "foo")
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    msg = str(info.value)
+    assert "ASCEND_KERNEL_SAMPLR='foo' is not a setting" in msg
+    assert "did you mean ASCEND_KERNEL_SAMPLER?" in msg
+    assert "`ascend-kernel settings` lists every setting" in msg
+
+
+def test_unknown_lowercase_env_var_is_named_as_spelled(monkeypatch):
+    monkeypatch.setenv("ascend_kernel_disable_plugin", "moe_comm")
+    with pytest.raises(SettingsError, match=r"ascend_kernel_disable_plugin='moe_comm' is not a setting "
+                                            r"\(did you mean ASCEND_KERNEL_DISABLE_PLUGINS\?\)"):
+        load_settings()
+
+
+def test_unknown_env_var_without_a_close_name(monkeypatch):
+    monkeypatch.setenv("ASCEND_KERNEL_XYZZY", "1")
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    assert "ASCEND_KERNEL_XYZZY='1' is not a setting;" in str(info.value)
+    assert "did you mean" not in str(info.value)
+
+
+def test_unknown_env_var_is_reported_even_when_additional_config_is_used(monkeypatch):
+    monkeypatch.setenv("ASCEND_KERNEL_DEVCIE", "cpu")
+    with pytest.raises(SettingsError, match="did you mean ASCEND_KERNEL_DEVICE"):
+        load_settings(ak(device="cpu"))
+
+
+def test_unknown_additional_config_key_suggests_the_closest():
+    with pytest.raises(SettingsError, match=r'\["samplr"\] \(did you mean \'sampler\'\?\)'):
+        load_settings(ak(samplr="x"))
+
+
+NON_LIST_SETTINGS = [f for f in KernelSettings.model_fields if f not in LIST_SETTINGS]
+
+
+@pytest.mark.parametrize("field", NON_LIST_SETTINGS)
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_empty_env_value_is_an_error_naming_what_is_allowed(monkeypatch, field, empty):
+    var = KernelSettings.env_name(field)
+    monkeypatch.setenv(var, empty)
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    msg = str(info.value)
+    assert f"{var} is set but empty; allowed: " in msg
+    assert msg.count(var) == 1  # pydantic's own error for the same variable is not repeated
+    assert f"(default {KernelSettings.model_fields[field].default!r})" in msg
+
+
+def test_empty_device_names_the_choices(monkeypatch):
+    monkeypatch.setenv("ASCEND_KERNEL_DEVICE", "")
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    assert str(info.value) == ("Invalid ascend-kernel setting: ASCEND_KERNEL_DEVICE is set but empty; "
+                               "allowed: one of 'auto', 'npu', 'cpu' (default 'auto').")
+
+
+@pytest.mark.parametrize(("field", "allowed"), [
+    ("enable_dbo", "true or false"),
+    ("mc2_min_world_size", "a whole number >= 1"),
+    ("sampler", "'auto' or a non-empty implementation name"),
+    ("soc", "one of 'auto', 'A2', 'A3', '310P'"),
+])
+def test_empty_value_allowed_words(monkeypatch, field, allowed):
+    monkeypatch.setenv(KernelSettings.env_name(field), "")
+    with pytest.raises(SettingsError, match=f"allowed: {allowed}"):
+        load_settings()
+
+
+@pytest.mark.parametrize("field", LIST_SETTINGS)
+def test_empty_list_setting_means_empty_list(monkeypatch, field):
+    monkeypatch.setenv(KernelSettings.env_name(field), "")
+    assert getattr(load_settings(), field) == ()
+
+
+def test_empty_additional_config_value_is_an_error():
+    with pytest.raises(SettingsError, match=r'additional_config\["ascend_kernel"\]\["soc"\] is set but empty; '
+                                            r"allowed: one of 'auto', 'A2', 'A3', '310P'"):
+        load_settings(ak(soc=""))
+
+
+def test_empty_env_value_overridden_by_additional_config_is_not_used(monkeypatch):
+    monkeypatch.setenv("ASCEND_KERNEL_DEVICE", "")
+    assert load_settings(ak(device="cpu")).device == "cpu"
+
+
+def test_bad_bool_and_int_name_what_is_allowed(monkeypatch):
+    monkeypatch.setenv("ASCEND_KERNEL_ENABLE_DBO", "maybe")
+    monkeypatch.setenv("ASCEND_KERNEL_MC2_MIN_WORLD_SIZE", "many")
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    msg = str(info.value)
+    assert "ASCEND_KERNEL_ENABLE_DBO='maybe' is not allowed" in msg and "allowed: true or false" in msg
+    assert "ASCEND_KERNEL_MC2_MIN_WORLD_SIZE='many' is not allowed" in msg and "allowed: a whole number >= 1" in msg
+
+
+def test_unknown_empty_and_bad_reported_together(monkeypatch):
+    monkeypatch.setenv("ASCEND_KERNEL_SAMPLR", "foo")
+    monkeypatch.setenv("ASCEND_KERNEL_DEVICE", "")
+    monkeypatch.setenv("ASCEND_KERNEL_SOC", "A9")
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    msg = str(info.value)
+    assert "ASCEND_KERNEL_SAMPLR='foo'" in msg and "ASCEND_KERNEL_DEVICE is set but empty" in msg
+    assert "ASCEND_KERNEL_SOC='A9'" in msg
+    assert "\n" not in msg
+
+
+# -- the error through vLLM's platform detection and config ---------------------------
+
+
+def test_settings_error_is_not_a_value_error(monkeypatch):
+    """pydantic (VllmConfig is a pydantic dataclass) rewraps ValueErrors raised while it builds one."""
+    assert not issubclass(SettingsError, ValueError)
+    from pydantic.dataclasses import dataclass
+
+    @dataclass
+    class Config:
+        x: int = 0
+
+        def __post_init__(self):
+            load_settings()
+
+    monkeypatch.setenv("ASCEND_KERNEL_SAMPLR", "foo")
+    with pytest.raises(SettingsError, match="did you mean ASCEND_KERNEL_SAMPLER"):
+        Config()
+
+
+@pytest.mark.parametrize(("var", "value"), [("ASCEND_KERNEL_SAMPLR", "foo"), ("ASCEND_KERNEL_DEVICE", "")])
+def test_register_activates_the_kernel_on_a_bad_variable(monkeypatch, caplog, var, value):
+    """vLLM swallows errors in platform detection: register() must not raise, and must not stay off."""
+    from ascend_kernel import CPU_PLATFORM, register
+
+    monkeypatch.setenv(var, value)
+    assert register() == CPU_PLATFORM
+    assert var in caplog.text
+
+
+def test_vllm_config_reports_the_settings_error_itself(tmp_path):
+    """Through vLLM: platform detection, then VllmConfig's platform check raises the kernel's error (no engine)."""
+    from ascend_kernel.tiny_models import create_tiny_model
+
+    model = create_tiny_model("llama", tmp_path / "llama")
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith(ENV_PREFIX)}
+    env.update(ASCEND_KERNEL_SAMPLR="foo", ASCEND_KERNEL_DEVICE="", VLLM_ENABLE_V1_MULTIPROCESSING="0",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    code = ("import sys; from vllm.engine.arg_utils import EngineArgs; "
+            "EngineArgs(model=sys.argv[1], dtype='float32', max_model_len=64).create_engine_config()")
+    proc = subprocess.run([sys.executable, "-c", code, str(model)], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ascend_kernel.errors.SettingsError: Invalid ascend-kernel setting:"), proc.stderr[-3000:]
+    assert "ASCEND_KERNEL_SAMPLR='foo' is not a setting (did you mean ASCEND_KERNEL_SAMPLER?)" in last
+    assert "ASCEND_KERNEL_DEVICE is set but empty; allowed: one of 'auto', 'npu', 'cpu'" in last
+    assert "validation error for VllmConfig" not in proc.stderr
 
 
 # -- name lists ------------------------------------------------------------------

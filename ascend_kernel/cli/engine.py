@@ -8,7 +8,6 @@ here before ``vllm`` is imported.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,20 +46,6 @@ def prepare_process(kernel: bool) -> str:
     return device
 
 
-def parse_engine_args(pairs: list[str]) -> dict[str, Any]:
-    """``key=value`` pairs; values are JSON when they parse as JSON, else strings."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"engine argument {pair!r} must look like key=value (value may be JSON)")
-        try:
-            out[key.replace("-", "_")] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key.replace("-", "_")] = raw
-    return out
-
-
 def build_llm(request: EngineRequest) -> Any:
     from vllm import LLM
 
@@ -71,11 +56,18 @@ def build_llm(request: EngineRequest) -> Any:
 
 
 def kernel_report(llm: Any) -> dict[str, Any] | None:
-    """The kernel's report from the first worker, or None when the kernel is not active."""
+    """The first worker's report, with every worker's step trace under ``ranks``; None without the kernel.
+
+    Decisions are the same on every rank; what each rank did (tokens its MoE
+    experts received, say) is not, so each rank's trace is kept.
+    """
     try:
-        return llm.collective_rpc("ascend_kernel_report")[0]
+        reports = llm.collective_rpc("ascend_kernel_report")
     except Exception:  # noqa: BLE001 - stock vLLM workers have no such method
         return None
+    report = dict(reports[0])
+    report["ranks"] = [{"rank": rank, "trace": r["trace"]} for rank, r in enumerate(reports)]
+    return report
 
 
 def shutdown(llm: Any) -> None:

@@ -1,8 +1,10 @@
 """``ascend-kernel``: inspect plugins and settings, explain decisions, make tiny models, generate.
 
 Every subcommand takes ``--json``. Errors the kernel raises on purpose
-(a bad setting, a plugin that fails, an unknown implementation name) are
-printed as one paragraph with exit status 2, not as a traceback.
+(a bad setting, a plugin that fails, an unknown implementation name) and bad
+command-line values (checked before any engine starts: numbers, JSON flags,
+``--engine-arg`` values against vLLM's own types) are printed as one paragraph
+with exit status 2, not as a traceback.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import contextlib
 import json
 import os
 import sys
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Callable, NoReturn, Sequence
 
-from ascend_kernel.errors import KernelError
+from ascend_kernel.errors import KernelError, SettingsError, UsageError
 
 DEFAULT_PROMPTS = ("The capital of France is", "Once upon a time, there was a")
 
@@ -47,13 +50,13 @@ def _emit(args: argparse.Namespace, payload: Any, text: str) -> None:
 
 def cmd_plugins(args: argparse.Namespace) -> int:
     from ascend_kernel.cli.render import table
-    from ascend_kernel.kernel import GLOBAL_FAMILIES, KV_CACHE_FAMILY
+    from ascend_kernel.kernel import GLOBAL_FAMILIES, KV_CACHE_FAMILY, TABLE_FAMILIES
     from ascend_kernel.plugin_manager import KernelPluginManager
     from ascend_kernel.settings import load_settings
 
     manager = KernelPluginManager(load_settings())
     provided: dict[str, list[str]] = {}
-    for family in (*GLOBAL_FAMILIES, KV_CACHE_FAMILY):
+    for family in (*GLOBAL_FAMILIES, *TABLE_FAMILIES, KV_CACHE_FAMILY):
         for entry in manager.implementations(family.hook, family.name):
             provided.setdefault(entry.plugin, []).append(f"{family.name}:{entry.name}")
     rows = []
@@ -75,17 +78,26 @@ def cmd_settings(args: argparse.Namespace) -> int:
     from ascend_kernel.cli.render import table
     from ascend_kernel.settings import describe_settings, load_settings
 
-    rows = describe_settings(load_settings())
-    _emit(args, {"settings": rows},
+    try:
+        settings, error = load_settings(), None
+    except SettingsError as exc:  # still list every setting (the error points here), then fail
+        settings, error = None, exc
+    rows = describe_settings(settings)
+    _emit(args, {"settings": rows, **({"error": str(error)} if error else {})},
           table(["setting", "type", "default", "env", "value"],
                 [[r["name"], r["type"], r["default"], r["env"], r["value"]] for r in rows]))
+    if error is not None:
+        raise error
     return 0
 
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     from ascend_kernel.tiny_models import create_tiny_model
 
-    path = create_tiny_model(args.arch, args.out, seed=args.seed)
+    try:
+        path = create_tiny_model(args.arch, args.out, seed=args.seed)
+    except OSError as exc:  # an existing directory that is not a tiny model, no permission, ...
+        raise UsageError(f"--out {args.out!r}: {exc}; give a new or empty directory") from None
     _emit(args, {"path": str(path), "arch": args.arch, "seed": args.seed}, f"tiny {args.arch} model at {path}")
     return 0
 
@@ -94,19 +106,23 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _engine_request(args: argparse.Namespace, kernel: bool):
-    from ascend_kernel.cli.engine import EngineRequest, parse_engine_args
+    """The engine to build, every keyword checked against vLLM's types (imports vLLM; no engine starts)."""
+    from ascend_kernel.cli import engine_args
+    from ascend_kernel.cli.engine import EngineRequest
+    from ascend_kernel.settings import load_settings
 
-    from pathlib import Path
-
-    if not Path(args.model).is_dir():
-        raise KernelError(f"--model {args.model!r} is not a directory; give a local model directory "
-                          "(make one with: ascend-kernel tiny-model --arch llama --out DIR)")
-    extra = parse_engine_args(args.engine_arg or [])
-    if args.additional_config:
-        extra["additional_config"] = json.loads(args.additional_config)
-    if args.speculative_config:
-        extra["speculative_config"] = json.loads(args.speculative_config)
-    return EngineRequest(model=args.model, kernel=kernel, dtype=args.dtype, max_model_len=args.max_model_len,
+    given = {"dtype": engine_args.Given(f"--dtype {args.dtype!r}", args.dtype, args.dtype)}
+    for key, value, flag in (("additional_config", args.additional_config, "--additional-config"),
+                             ("speculative_config", args.speculative_config, "--speculative-config")):
+        if value is not None:
+            given[key] = engine_args.Given(f"{flag} {json.dumps(value)!r}", value)
+    for key, text in args.engine_arg or []:
+        given[key] = engine_args.Given(f"--engine-arg {key}={text!r}", engine_args.decode(text), text)
+    extra = engine_args.check(given, engine_args.keyword_types())
+    if kernel:  # the kernel's own section of additional_config, before vLLM sees it
+        load_settings(extra.get("additional_config"))
+    dtype = extra.pop("dtype")
+    return EngineRequest(model=args.model, kernel=kernel, dtype=dtype, max_model_len=args.max_model_len,
                          seed=args.seed, extra=extra)
 
 
@@ -134,7 +150,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     engine.prepare_process(kernel=True)
     with _engine_output_to_stderr():
-        llm = engine.build_llm(_engine_request(args, kernel=True))
+        request = _engine_request(args, kernel=True)
+        llm = engine.build_llm(request)
         try:
             report = engine.kernel_report(llm)
         finally:
@@ -154,9 +171,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     with _engine_output_to_stderr():
         from vllm import SamplingParams
 
-        llm = engine.build_llm(_engine_request(args, kernel=not args.stock))
+        request = _engine_request(args, kernel=not args.stock)
+        params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+        llm = engine.build_llm(request)
         try:
-            params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
             outputs = llm.generate(prompts, params)
             report = engine.kernel_report(llm)
         finally:
@@ -174,19 +192,86 @@ def cmd_generate(args: argparse.Namespace) -> int:
 # -- argument parsing -------------------------------------------------------------
 
 
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse with a bad argument reported in one line, like every other error here (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
+def _whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    allowed = f"a whole number >= {minimum}" if maximum is None else f"a whole number from {minimum} to {maximum}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"{text!r} is not allowed; give {allowed}")
+        return value
+
+    return parse
+
+
+_SEED = _whole_number(0, 2**32 - 1)  # numpy's seed range (vLLM seeds numpy with it)
+
+_JSON_KINDS = {list: "a JSON list", str: "a JSON string", int: "a number", float: "a number", bool: "a boolean",
+               type(None): "null"}
+
+
+def _json_object(example: str) -> Callable[[str], dict[str, Any]]:
+    def parse(text: str) -> dict[str, Any]:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not valid JSON ({exc.msg} at character {exc.pos + 1}); give a JSON object, e.g. {example}"
+            ) from None
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is {_JSON_KINDS.get(type(value), 'not an object')}; give a JSON object, e.g. {example}")
+        return value
+
+    return parse
+
+
+def _engine_pair(text: str) -> tuple[str, str]:
+    from ascend_kernel.cli.engine_args import split_pair
+
+    try:
+        return split_pair(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _model_dir(text: str) -> str:
+    hint = "give a local model directory (make one with: ascend-kernel tiny-model --arch llama --out DIR)"
+    path = Path(text)
+    if not path.is_dir():
+        what = "is a file, not a directory" if path.exists() else "does not exist"
+        raise argparse.ArgumentTypeError(f"{text!r} {what}; {hint}")
+    if not any((path / name).is_file() for name in ("config.json", "params.json")):
+        raise argparse.ArgumentTypeError(f"{text!r} holds no config.json, so it is no model directory; {hint}")
+    return text
+
+
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="local model directory")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--max-model-len", type=int, default=512)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--additional-config", help="JSON for vLLM's additional_config (e.g. '{\"ascend_kernel\": {...}}')")
-    p.add_argument("--speculative-config", help="JSON for vLLM's speculative_config")
-    p.add_argument("--engine-arg", action="append", metavar="KEY=VALUE",
-                   help="any other vLLM engine argument (value parsed as JSON when possible); repeatable")
+    p.add_argument("--model", required=True, type=_model_dir, help="local model directory")
+    p.add_argument("--dtype", default="float32", help="vLLM's dtype (checked against vLLM's choices)")
+    p.add_argument("--max-model-len", type=_whole_number(1), default=512)
+    p.add_argument("--seed", type=_SEED, default=0)
+    p.add_argument("--additional-config", type=_json_object('\'{"ascend_kernel": {"sampler": "vllm-default"}}\''),
+                   help="JSON for vLLM's additional_config (e.g. '{\"ascend_kernel\": {...}}')")
+    p.add_argument("--speculative-config", type=_json_object('\'{"method": "ngram", "num_speculative_tokens": 2}\''),
+                   help="JSON for vLLM's speculative_config")
+    p.add_argument("--engine-arg", action="append", metavar="KEY=VALUE", type=_engine_pair,
+                   help="any other vLLM engine argument (value parsed as JSON when possible, checked against "
+                   "vLLM's type for KEY before the engine starts); repeatable")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ascend-kernel", description=__doc__.splitlines()[0])
+    parser = _ArgumentParser(prog="ascend-kernel", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add(name: str, func: Any, help_text: str) -> argparse.ArgumentParser:
@@ -200,15 +285,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("tiny-model", cmd_tiny_model, "write a small random-weight local model")
     from ascend_kernel.tiny_models import SUPPORTED_ARCHS
 
-    p.add_argument("--arch", default="llama", help=f"one of: {', '.join(SUPPORTED_ARCHS)}")
+    p.add_argument("--arch", default="llama", choices=SUPPORTED_ARCHS, help=f"one of: {', '.join(SUPPORTED_ARCHS)}")
     p.add_argument("--out", required=True)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_SEED, default=0)
     p = add("explain", cmd_explain, "decision records for a model and config (builds the engine, no generation)")
     _add_engine_args(p)
     p = add("generate", cmd_generate, "greedy offline generation through vLLM with the kernel")
     _add_engine_args(p)
     p.add_argument("--prompt", action="append", help="prompt (repeatable); two defaults when omitted")
-    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--max-tokens", type=_whole_number(1), default=16)
     p.add_argument("--stock", action="store_true", help="run stock vLLM without the kernel (for comparison)")
     return parser
 
@@ -221,8 +306,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         cause = exc
         while not isinstance(cause, KernelError) and cause.__cause__ is not None:
             cause = cause.__cause__
-        print(f"ascend-kernel: error: {cause if isinstance(cause, KernelError) else exc}", file=sys.stderr)
+        print(f"ascend-kernel: error: {_one_paragraph(cause if isinstance(cause, KernelError) else exc)}",
+              file=sys.stderr)
         return 2
+
+
+def _one_paragraph(exc: BaseException) -> str:
+    """The message on one line; vLLM's pydantic config errors as 'Config: field: problem (given ...)'."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        parts = []
+        for e in exc.errors():
+            where = ".".join(str(part) for part in e.get("loc", ()))
+            value = e.get("input")
+            given = f" (given {value!r})" if isinstance(value, (str, int, float, bool)) else ""
+            parts.append(f"{where + ': ' if where else ''}{e.get('msg', '')}{given}")
+        return f"vLLM refused the {exc.title}: " + "; ".join(parts)
+    return " ".join(str(exc).split())
 
 
 if __name__ == "__main__":

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import torch
 
+from ascend_kernel.ops.mc2_npu import TorchNpuMC2Ops
+from ascend_kernel.ops.moe_npu import TorchNpuMoEOps
 
-class TorchNpuOps:
+
+class TorchNpuOps(TorchNpuMoEOps, TorchNpuMC2Ops):
     name = "torch_npu"
 
     def __init__(self) -> None:

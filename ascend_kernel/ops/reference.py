@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from ascend_kernel.ops.mc2_reference import ReferenceMC2Ops
+from ascend_kernel.ops.moe_reference import ReferenceMoEOps
+
 
 def _gqa(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """Repeat KV heads ``[..., kv_heads, d]`` to ``num_heads`` (grouped-query attention)."""
@@ -33,7 +36,7 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torc
     return cache[blocks].reshape(-1, *cache.shape[2:])[:length]
 
 
-class ReferenceOps:
+class ReferenceOps(ReferenceMoEOps, ReferenceMC2Ops):
     name = "reference"
 
     def reshape_and_cache(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,

@@ -31,6 +31,18 @@ def current_attn_state() -> Any:
     return runner.kernel_attn_state if runner is not None else None
 
 
+def current_trace() -> StepTrace | None:
+    """The active runner's step trace while a scheduled step runs, for plugins that count per-step facts.
+
+    None outside a step (no engine, or vLLM's dummy and profile runs), so that
+    counts describe the requests served and nothing else.
+    """
+    runner = _active_runner
+    if runner is None or runner.kernel_attn_state is None:
+        return None
+    return runner.kernel_trace
+
+
 def forward_context_extras(num_tokens: int | None) -> dict[str, Any]:
     """What the platform adds to vLLM's forward context for one forward pass."""
     runner = _active_runner
@@ -50,8 +62,11 @@ class KernelRunnerMixin:
         self.kernel_plan = plan
         # before load_model builds the layers: vLLM picks custom-op classes and modules at construction
         plan.layer_ops.install()
-        prepare_model = getattr(plan.attention_backend, "prepare_model", None)
-        self.kernel_model_patches: list[str] = list(prepare_model(vllm_config)) if prepare_model else []
+        self.kernel_model_patches: list[str] = []
+        for chosen in plan.objects():
+            prepare_model = getattr(chosen, "prepare_model", None)
+            if prepare_model is not None:
+                self.kernel_model_patches.extend(prepare_model(vllm_config))
         self.kernel_trace = StepTrace()
         self.kernel_kv_report = KVAllocationReport()
         self.kernel_attn_state: Any = None
@@ -96,7 +111,8 @@ class KernelRunnerMixin:
         with_prefill = bool(state is not None and state.is_prefill)
         method = self._select_moe_comm(num_tokens or 0, with_prefill)
         if state is not None and method is not None:
-            self.kernel_trace.moe_methods[method] += 1
+            self.kernel_trace.moe_methods[method.name] += 1
+        # dummy and profile runs (no attention state) still need a method, but are not counted
         return {"ascend_attn_state": state, "moe_comm_method": method}
 
     def execute_model(self, *args: Any, **kwargs: Any):
@@ -166,6 +182,8 @@ class KernelRunnerMixin:
 
         report["layer_ops"] = self.kernel_plan.layer_ops.describe()
         report["model_patches"] = self.kernel_model_patches
+        describe_moe = getattr(self.kernel_plan.moe_comm, "describe", None)
+        report["moe_comm"] = describe_moe() if describe_moe is not None else {}
         report["ops_provider"] = provider_name(self.kernel.settings.ops_provider, self.kernel.device_info.kind)
         report["sampler_class"] = type(self.sampler).__module__ + "." + type(self.sampler).__qualname__
         drafter = getattr(self, "drafter", None)

@@ -15,8 +15,7 @@ def ascend_kernel_moe_comm_policies() -> list[Implementation]:
             family="moe_comm",
             name="ascend",
             factory=policy.AscendMoECommPolicy.from_context,
-            supports=policy.supports,
-            description="all-gather without EP; MC2 under capacity, else all-gather (A2) / all-to-all (A3)",
+            description="all-gather without EP (or without an Ascend SoC); MC2 under capacity, else all-gather (A2) / all-to-all (A3)",
         )
     ]
 

@@ -6,12 +6,20 @@ batch: MC2 (fused dispatch/combine) while the batch fits its token capacity,
 else all-gather on A2 (faster than all-to-all there; all-to-all for w4a8
 weights, which all-gather EP cannot serve) and all-to-all on A3. A prefill
 batch that would all-gather uses naive multicast unless sequence parallelism
-is on. PanguProMoE only supports all-gather.
+is on. PanguProMoE only supports all-gather. On a host without an Ascend SoC
+(CPU) expert parallelism takes all-gather, the method without a capacity
+(``ASCEND_KERNEL_SOC`` plans for A2/A3, ``ASCEND_KERNEL_MOE_COMM_METHOD``
+forces any method).
+
+The policy decides names; :class:`~ascend_kernel_plugins.moe_comm.selector.MethodSelector`
+turns them into the method objects the MoE plugins registered.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from ascend_kernel_plugins.moe_comm.selector import MethodSelector
 
 ALLGATHER = "allgather"
 MC2 = "mc2"
@@ -44,7 +52,7 @@ class AscendMoECommPolicy:
     """Per-batch method choice; all config facts are read once at build time."""
 
     __slots__ = ("is_moe", "expert_parallel", "soc", "capacity", "world_size", "min_mc2_world",
-                 "w4a8", "allgather_only", "sequence_parallel")
+                 "w4a8", "allgather_only", "sequence_parallel", "selector", "select")
 
     def __init__(self, *, is_moe: bool, expert_parallel: bool, soc: str | None, capacity: int,
                  world_size: int, min_mc2_world: int, w4a8: bool, allgather_only: bool,
@@ -58,9 +66,54 @@ class AscendMoECommPolicy:
         self.w4a8 = w4a8
         self.allgather_only = allgather_only
         self.sequence_parallel = sequence_parallel
+        self.selector: MethodSelector | None = None
+        self.select = self.decide  # replaced by the selector's once bound to the methods table
+
+    def bind(self, table: Any, forced: str | None) -> "AscendMoECommPolicy":
+        """Serve method objects from ``table``; checks every name this policy can return is in it."""
+        self.selector = MethodSelector(table, self.decide, self.possible_methods(), forced, "ascend")
+        self.select = self.selector.select
+        return self
+
+    def possible_methods(self) -> set[str]:
+        """Every name :meth:`decide` can return for this configuration."""
+        if not self.is_moe:
+            return set()
+        if self.allgather_only:
+            return {ALLGATHER}
+        if not self.expert_parallel or self.soc not in ("A2", "A3"):
+            names = {ALLGATHER}
+        elif self.soc == "A3":
+            names = {MC2, ALLTOALL}
+        else:
+            names = {ALLTOALL if self.w4a8 else ALLGATHER}
+            if self.world_size >= self.min_mc2_world:
+                names.add(MC2)
+        if ALLGATHER in names and not self.sequence_parallel:
+            names.add(NAIVE_MULTICAST)
+        return names
+
+    def prepare_model(self, vllm_config: Any) -> list[str]:
+        """Install the kernel's MoE layer (before the model is built) for models with experts."""
+        if not self.is_moe:
+            return []
+        from ascend_kernel_plugins.moe_comm import layer
+
+        return layer.register()
+
+    def describe(self) -> dict[str, Any]:
+        methods = self.selector.table if self.selector is not None else {}
+        return {"methods": {name: m.describe() for name, m in sorted(methods.items())},
+                "forced": self.selector.forced if self.selector is not None else None}
 
     @classmethod
     def from_context(cls, ctx: Any) -> "AscendMoECommPolicy":
+        policy = cls.from_config(ctx)
+        return policy.bind(ctx.tables.get("moe_comm_method", {}), ctx.settings.forced("moe_comm_method"))
+
+    @classmethod
+    def from_config(cls, ctx: Any) -> "AscendMoECommPolicy":
+        """The rules alone (no methods table): what :meth:`decide` answers."""
         cfg = ctx.vllm_config
         hf = cfg.model_config.hf_config if cfg.model_config is not None else None
         pass_config = cfg.compilation_config.pass_config
@@ -76,12 +129,13 @@ class AscendMoECommPolicy:
             sequence_parallel=bool(getattr(pass_config, "enable_sp", False)),
         )
 
-    def select(self, num_tokens: int, with_prefill: bool) -> str | None:
+    def decide(self, num_tokens: int, with_prefill: bool) -> str | None:
+        """The method name for a batch (the seed runner's rules)."""
         if not self.is_moe:
             return None
         if self.allgather_only:
             return ALLGATHER
-        if not self.expert_parallel:
+        if not self.expert_parallel or self.soc not in ("A2", "A3"):
             method = ALLGATHER
         elif self.soc == "A3":
             method = MC2 if num_tokens <= self.capacity else ALLTOALL
@@ -92,11 +146,3 @@ class AscendMoECommPolicy:
         if method == ALLGATHER and with_prefill and not self.sequence_parallel:
             return NAIVE_MULTICAST
         return method
-
-
-def supports(ctx: Any) -> str | None:
-    cfg = ctx.vllm_config
-    if is_moe_model(cfg) and cfg.parallel_config.enable_expert_parallel and ctx.device.soc not in ("A2", "A3"):
-        return (f"expert-parallel MoE communication needs an A2 or A3 SoC (device {ctx.device.kind}, "
-                f"soc {ctx.device.soc}); set ASCEND_KERNEL_SOC to plan for one")
-    return None

@@ -77,7 +77,7 @@ def test_explain_json_on_mla_model(models):
     proc = run_cli(["explain", "--json", "--model", str(models["deepseek_v2"])], env=KERNEL)
     report = json.loads(proc.stdout)
     families = [d["family"] for d in report["decisions"]]
-    assert sorted(families) == sorted(["attention_backend", "attention_state", "attention_mask", "moe_comm",
+    assert sorted(families) == sorted(["attention_backend", "attention_state", "attention_mask", "moe_comm", "moe_comm_method",
                                        "drafter", "sampler", "rejection_sampler", "graph", "layer_ops", "kv_cache"])
     kv = next(d for d in report["decisions"] if d["family"] == "kv_cache")
     assert kv["chosen"] == "mla"

@@ -1,0 +1,151 @@
+"""The kernel's MoE layer: vLLM's unquantized MoE method, with the routed experts run by a comm method.
+
+vLLM 0.32 builds every unquantized MoE layer's expert computation through the
+``UnquantizedFusedMoEMethod`` custom op, which an out-of-tree platform may
+replace by class name (like the layer ops). The replacement keeps vLLM's
+weights, weight loading, router, shared experts and output reduction, and
+replaces what runs on the routed experts, per batch:
+
+    routing (``moe_gating_top_k_softmax`` for plain softmax top-k, else vLLM's router)
+    -> method.dispatch -> expert MLP (grouped matmul, SwiGLU, grouped matmul) -> method.combine
+
+where ``method`` is the object the runner published for this forward pass.
+Its output is this rank's partial sum; vLLM's TP all-reduce after the layer
+completes it, as it completes the shared experts' partial sums (the method
+never reduces over the tensor-parallel group itself).
+
+Layers the seam kernels do not cover (another activation, biased or clamped
+experts, router weights applied to the input) keep vLLM's own kernel, with
+the reason logged; with expert parallelism they stop start-up instead, since
+vLLM-CPU's MoE kernel crashes there (it indexes local experts by global id).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.custom_op import CustomOp, op_registry_oot
+from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+
+from ascend_kernel import kernel as kernel_mod
+from ascend_kernel.ops import get_ops
+from ascend_kernel.runner.kernel_runner import current_trace
+from ascend_kernel_plugins.moe_comm.experts import LocalExperts, gather_expert_maps, slot_table
+from ascend_kernel_plugins.moe_comm.parallel import MoEParallel
+
+logger = logging.getLogger("ascend_kernel")
+REPLACED = "UnquantizedFusedMoEMethod"
+
+
+def unserved_reason(layer: Any, moe: Any) -> str | None:
+    """Why the seam's expert MLP cannot compute this layer (None when it can)."""
+    activation = getattr(layer.activation, "value", layer.activation)
+    if activation != "silu" or not moe.is_act_and_mul:
+        return f"activation {activation!r} (the seam runs gated SiLU: swiglu)"
+    if moe.has_bias:
+        return "experts with biases"
+    if getattr(layer, "swiglu_limit", None) is not None:
+        return "clamped SwiGLU"
+    if layer.apply_router_weight_on_input:
+        return "router weights applied to the input"
+    return None
+
+
+def plain_softmax_routing(layer: Any) -> bool:
+    """Routing that ``moe_gating_top_k_softmax`` computes: softmax over all experts, top-k."""
+    return (layer.scoring_func == "softmax" and not layer.use_grouped_topk
+            and layer.custom_routing_function is None and layer.e_score_correction_bias is None)
+
+
+class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
+    """vLLM's unquantized MoE method whose routed experts run through the batch's comm method."""
+
+    def __init__(self, moe: Any) -> None:
+        super().__init__(moe)
+        kernel = kernel_mod.current()
+        self.seam_ops = get_ops(kernel.settings.ops_provider, kernel.device_info.kind)
+        self.local_experts: LocalExperts | None = None
+        self.parallel = MoEParallel.single()
+        self.seam_gating = False
+        self.top_k = moe.experts_per_token
+        self.renormalize = False
+
+    @property
+    def is_monolithic(self) -> bool:
+        # monolithic = the method routes from the router logits itself (the seam's gating op)
+        if self.local_experts is None:
+            return super().is_monolithic
+        return self.seam_gating
+
+    def process_weights_after_loading(self, layer: Any) -> None:
+        reason = unserved_reason(layer, self.moe)
+        if reason is not None and self.moe.moe_parallel_config.use_ep:
+            raise RuntimeError(
+                f"MoE layer {layer.layer_name} cannot run with expert parallelism: the kernel's MoE comm methods "
+                f"do not serve {reason}, and vLLM's own kernel for it is not expert-parallel on this platform "
+                "(vLLM-CPU's crashes). Run without enable_expert_parallel.")
+        if reason is not None:
+            logger.warning("ascend-kernel: MoE layer %s keeps vLLM's kernel: %s", layer.layer_name, reason)
+            return super().process_weights_after_loading(layer)
+        self.parallel = MoEParallel.from_vllm(self.moe.moe_parallel_config)
+        local = layer.local_num_experts
+        maps = gather_expert_maps(layer.expert_map, layer.global_num_experts, _metadata_group(self.parallel),
+                                  self.parallel.ep_size)
+        # grouped matmul multiplies rows by [K, N] weights: store the experts transposed, once
+        layer.w13_weight.data = layer.w13_weight.data.transpose(1, 2).contiguous()
+        layer.w2_weight.data = layer.w2_weight.data.transpose(1, 2).contiguous()
+        self.local_experts = LocalExperts(layer.w13_weight.data, layer.w2_weight.data,
+                                          slot_table(maps, local), local, self.seam_ops)
+        self.seam_gating = plain_softmax_routing(layer)
+        self.renormalize = bool(layer.renormalize)
+
+    def apply(self, layer: Any, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+              shared_experts: Any, shared_experts_input: torch.Tensor | None) -> torch.Tensor:
+        if self.local_experts is None:
+            return super().apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
+        return self.run_experts(x, topk_weights, topk_ids)
+
+    def apply_monolithic(self, layer: Any, x: torch.Tensor, router_logits: torch.Tensor,
+                         input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if self.local_experts is None:
+            return super().apply_monolithic(layer, x, router_logits, input_ids)
+        weights, ids = self.seam_ops.moe_gating_top_k_softmax(router_logits, self.top_k)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return self.run_experts(x, weights, ids)
+
+    def run_experts(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        method = get_forward_context().additional_kwargs.get("moe_comm_method")
+        if method is None:
+            raise RuntimeError("no MoE comm method was published for this forward pass: the ascend-kernel runner "
+                               "must drive models whose MoE layers the moe_comm plugin replaced")
+        dispatched = method.dispatch(x, topk_weights, topk_ids, self.local_experts, self.parallel)
+        trace = current_trace()
+        if trace is not None:
+            trace.count("moe_tokens", method.name, int(dispatched.counts.sum()))
+        expert_out = self.local_experts.mlp(dispatched.rows, dispatched.counts)
+        return method.combine(expert_out, dispatched)
+
+
+def _metadata_group(parallel: MoEParallel) -> Any:
+    """The host-side (gloo) twin of the EP group, for the one-off exchange of expert maps."""
+    if parallel.ep_size == 1:
+        return None
+    from vllm.distributed import get_ep_group
+
+    return get_ep_group().cpu_group
+
+
+def register() -> list[str]:
+    """Register the replacement once per process; another class already there is an error."""
+    present = op_registry_oot.get(REPLACED)
+    if present is None:
+        CustomOp.register_oot(AscendUnquantizedFusedMoEMethod, name=REPLACED)
+    elif present is not AscendUnquantizedFusedMoEMethod:
+        raise RuntimeError(
+            f"vLLM's out-of-tree op '{REPLACED}' is already registered as {present.__module__}."
+            f"{present.__qualname__}; the moe_comm plugin cannot replace it (disable one of them)")
+    return [f"vllm.model_executor.layers.fused_moe.{REPLACED}"]

