@@ -36,11 +36,13 @@ class Family:
 
 #: The families chosen once per process, in the order they are resolved.
 GLOBAL_FAMILIES: tuple[Family, ...] = (
+    # the drafter first: it declares the attention state of its verification batches, which the
+    # attention-state policy reads from ``ctx.chosen`` (a family may read the choices made before it)
+    Family("drafter", "ascend_kernel_drafters", "drafter", optional=True),
     Family("attention_backend", "ascend_kernel_attention_backends", "attention_backend"),
     Family("attention_state", "ascend_kernel_attention_state_policies", "attention_state"),
     Family("attention_mask", "ascend_kernel_attention_masks", "attention_mask"),
     Family("moe_comm", "ascend_kernel_moe_comm_policies", "moe_comm"),
-    Family("drafter", "ascend_kernel_drafters", "drafter", optional=True),
     Family("sampler", "ascend_kernel_samplers", "sampler"),
     Family("rejection_sampler", "ascend_kernel_rejection_samplers", "rejection_sampler", optional=True),
     Family("graph", "ascend_kernel_graph_modes", "graph_mode"),
@@ -66,6 +68,8 @@ class SelectionContext:
     subject: Any = None
     #: the built tables of :data:`TABLE_FAMILIES`: family name -> {implementation name: object}
     tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: the objects of the global families resolved so far (in :data:`GLOBAL_FAMILIES` order; None if unused)
+    chosen: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +141,8 @@ class Kernel:
         if self.plan is not None:
             return self.plan
         tables = {family.name: self._build_table(family, self.context(vllm_config)) for family in TABLE_FAMILIES}
-        ctx = SelectionContext(vllm_config, self.settings, self.device_info, None, tables)
         chosen: dict[str, Any] = {}
+        ctx = SelectionContext(vllm_config, self.settings, self.device_info, None, tables, chosen)
         for family in GLOBAL_FAMILIES:
             impl, record = choose(
                 family.name,

@@ -9,6 +9,20 @@ import pytest
 
 from ascend_kernel.step import StepBatch
 from ascend_kernel_plugins.attention.states import AttentionState, StandardStatePolicy
+from ascend_kernel_plugins.spec_decode.draft_model import DraftModelDrafter
+from ascend_kernel_plugins.spec_decode.eagle import EagleDrafter
+from ascend_kernel_plugins.spec_decode.mtp import MtpDrafter
+from ascend_kernel_plugins.spec_decode.ngram import NgramDrafter
+
+#: the drafter each speculative method's plugin builds: it declares the states of its verification batches
+DRAFTERS = {None: None, "ngram": NgramDrafter(), "draft_model": DraftModelDrafter(), "eagle": EagleDrafter(),
+            "eagle3": EagleDrafter(), "mtp": MtpDrafter(), "deepseek_mtp": MtpDrafter()}
+
+
+def make_policy(method, chunked):
+    ctx = SimpleNamespace(vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(enable_chunked_prefill=chunked)),
+                          chosen={"drafter": DRAFTERS[method]})
+    return StandardStatePolicy.from_context(ctx)
 
 S = AttentionState
 
@@ -52,6 +66,8 @@ TABLE = [
     ("verify-uneven", SPEC_VERIFY_UNEVEN, "ngram", False, S.SpecDecoding),
     ("verify-eagle", SPEC_VERIFY, "eagle", True, S.ChunkedPrefill),
     ("verify-eagle3", SPEC_VERIFY, "eagle3", False, S.ChunkedPrefill),
+    ("verify-draft-model", SPEC_VERIFY, "draft_model", True, S.SpecDecoding),
+    ("decode-draft-model", ALL_DECODE, "draft_model", True, S.DecodeOnly),
     ("mixed-chunked", MIXED, None, True, S.ChunkedPrefill),
     ("mixed-not-chunked", MIXED, None, False, S.PrefillCacheHit),
     ("partial-chunked", PARTIAL_PREFILL, None, True, S.ChunkedPrefill),
@@ -65,24 +81,22 @@ TABLE = [
 @pytest.mark.parametrize(("spec", "method", "chunked", "expected"),
                          [row[1:] for row in TABLE], ids=[row[0] for row in TABLE])
 def test_truth_table(spec, method, chunked, expected):
-    policy = StandardStatePolicy(spec_method=method, chunked_prefill=chunked)
-    assert policy.decide(batch(**spec)) is expected
+    assert make_policy(method, chunked).decide(batch(**spec)) is expected
 
 
 @pytest.mark.parametrize(("spec", "method", "chunked", "expected"),
                          [row[1:] for row in TABLE], ids=[row[0] for row in TABLE])
 def test_rows_beyond_num_reqs_are_ignored(spec, method, chunked, expected):
     """Padding rows (stale data past num_reqs) would change every answer if they counted."""
-    policy = StandardStatePolicy(spec_method=method, chunked_prefill=chunked)
-    assert policy.decide(batch(**spec, pad=4)) is expected
+    assert make_policy(method, chunked).decide(batch(**spec, pad=4)) is expected
 
 
 def test_only_first_num_reqs_count_explicitly():
     # request 0 is a one-token decode; request 1 (outside num_reqs) is a prefill
     b = batch(seq_lens=[10, 4], scheduled=[1, 4], num_reqs=1)
-    assert StandardStatePolicy(None, True).decide(b) is S.DecodeOnly
+    assert StandardStatePolicy(True).decide(b) is S.DecodeOnly
     b = batch(seq_lens=[10, 4], scheduled=[1, 4], num_reqs=2)
-    assert StandardStatePolicy(None, True).decide(b) is S.ChunkedPrefill
+    assert StandardStatePolicy(True).decide(b) is S.ChunkedPrefill
 
 
 @pytest.mark.parametrize(
@@ -95,15 +109,12 @@ def test_is_prefill(state, is_prefill):
 
 
 @pytest.mark.parametrize(
-    ("spec_config", "chunked", "method"),
-    [(None, True, None), (SimpleNamespace(method="eagle3"), False, "eagle3"), (SimpleNamespace(method="mtp"), 1, "mtp")],
+    ("method", "chunked", "single", "verify"),
+    [(None, True, S.DecodeOnly, S.SpecDecoding), ("eagle3", False, S.DecodeOnly, S.ChunkedPrefill),
+     ("mtp", 1, S.SpecDecoding, S.SpecDecoding), ("ngram", 0, S.DecodeOnly, S.SpecDecoding)],
 )
-def test_from_context_reads_config_once(spec_config, chunked, method):
-    ctx = SimpleNamespace(vllm_config=SimpleNamespace(
-        speculative_config=spec_config,
-        scheduler_config=SimpleNamespace(enable_chunked_prefill=chunked),
-    ))
-    policy = StandardStatePolicy.from_context(ctx)
-    assert policy.spec_method == method
+def test_from_context_reads_the_drafters_rule_once(method, chunked, single, verify):
+    policy = make_policy(method, chunked)
+    assert (policy.single_token_state, policy.verify_state) == (single, verify)
     assert policy.chunked_prefill is bool(chunked)
-    assert not hasattr(policy, "__dict__")  # slotted: nothing but the two facts
+    assert not hasattr(policy, "__dict__")  # slotted: nothing but the three facts

@@ -245,15 +245,15 @@ def test_lazy_module_class_method_factory():
         name="standard",
         factory="ascend_kernel_plugins.attention.states:StandardStatePolicy.from_context",
     )
-    ctx = SimpleNamespace(vllm_config=SimpleNamespace(
-        speculative_config=SimpleNamespace(method="eagle"),
-        scheduler_config=SimpleNamespace(enable_chunked_prefill=True),
-    ))
+    from ascend_kernel_plugins.spec_decode.eagle import EagleDrafter
+
+    ctx = SimpleNamespace(vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(enable_chunked_prefill=True)),
+                          chosen={"drafter": EagleDrafter()})
     built = entry.build(ctx)
-    from ascend_kernel_plugins.attention.states import StandardStatePolicy
+    from ascend_kernel_plugins.attention.states import AttentionState, StandardStatePolicy
 
     assert isinstance(built, StandardStatePolicy)
-    assert built.spec_method == "eagle" and built.chunked_prefill is True
+    assert built.verify_state is AttentionState.ChunkedPrefill and built.chunked_prefill is True
 
 
 def test_lazy_module_attr_factory():

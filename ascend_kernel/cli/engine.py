@@ -51,6 +51,8 @@ def build_llm(request: EngineRequest) -> Any:
 
     kwargs = dict(model=request.model, dtype=request.dtype, max_model_len=request.max_model_len,
                   seed=request.seed, enforce_eager=request.enforce_eager)
+    if "speculative_config" in request.extra:
+        kwargs["disable_log_stats"] = False  # vLLM's spec-decode counters are stats (see spec_decode_counts)
     kwargs.update(request.extra)
     return LLM(**kwargs)
 
@@ -68,6 +70,31 @@ def kernel_report(llm: Any) -> dict[str, Any] | None:
     report = dict(reports[0])
     report["ranks"] = [{"rank": rank, "trace": r["trace"]} for rank, r in enumerate(reports)]
     return report
+
+
+#: vLLM's Prometheus counters of speculative decoding, by the key ``generate --json`` reports them under
+SPEC_DECODE_METRICS = {"vllm:spec_decode_num_drafts": "num_drafts",
+                       "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+                       "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens"}
+
+
+def spec_decode_counts(llm: Any) -> dict[str, int] | None:
+    """vLLM's own speculative-decoding counters for this engine (None without speculation or stats)."""
+    if getattr(llm.llm_engine, "vllm_config", None) is not None and \
+            llm.llm_engine.vllm_config.speculative_config is None:
+        return None
+    try:
+        metrics = llm.get_metrics()
+    except Exception:  # noqa: BLE001 - stats disabled: nothing to report
+        return None
+    counts = {key: 0 for key in SPEC_DECODE_METRICS.values()}
+    found = False
+    for metric in metrics:
+        key = SPEC_DECODE_METRICS.get(metric.name)
+        if key is not None:
+            counts[key] += int(getattr(metric, "value", 0))
+            found = True
+    return counts if found else None
 
 
 def shutdown(llm: Any) -> None:

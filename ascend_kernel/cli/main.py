@@ -177,6 +177,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         try:
             outputs = llm.generate(prompts, params)
             report = engine.kernel_report(llm)
+            spec_decode = engine.spec_decode_counts(llm)
         finally:
             engine.shutdown(llm)
     # num_cached_tokens: prompt tokens served from the prefix cache (0 without a hit)
@@ -185,7 +186,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
                for p, o in zip(prompts, outputs)]
     text = _report_text(report) + "\n\n" + "\n".join(
         f"prompt: {r['prompt']!r}\n  tokens: {r['token_ids']}\n  text:   {r['text']!r}" for r in results)
-    _emit(args, {"device": device, "outputs": results, "report": report}, text)
+    payload = {"device": device, "outputs": results, "report": report}
+    if spec_decode is not None:
+        payload["spec_decode"] = spec_decode
+        text += "\n\nspec decode: " + ", ".join(f"{k} {v}" for k, v in spec_decode.items())
+    _emit(args, payload, text)
     return 0
 
 

@@ -188,4 +188,6 @@ class KernelRunnerMixin:
         report["sampler_class"] = type(self.sampler).__module__ + "." + type(self.sampler).__qualname__
         drafter = getattr(self, "drafter", None)
         report["drafter_class"] = (type(drafter).__module__ + "." + type(drafter).__qualname__) if drafter else None
+        describe_drafter = getattr(self.kernel_plan.drafter, "describe", None)
+        report["drafter"] = describe_drafter() if describe_drafter is not None else None
         return report

@@ -11,15 +11,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-import numpy as np
-
 from ascend_kernel.step import StepBatch
-
-#: speculative methods whose one-token decodes still run as SpecDecoding
-MTP_METHODS = frozenset({"mtp", "deepseek_mtp"})
-#: drafters whose verification batches run through the chunked-prefill kernel
-EAGLE_METHODS = frozenset({"eagle", "eagle3"})
-
 
 class AttentionState(enum.Enum):
     PrefillNoCache = 0
@@ -36,37 +28,42 @@ class AttentionState(enum.Enum):
 
 
 class StandardStatePolicy:
-    """The Ascend rules, with the config facts they need read once at build time."""
+    """The Ascend rules, with the config facts they need read once at build time.
 
-    __slots__ = ("spec_method", "chunked_prefill")
+    Two answers belong to the drafter, not to attention: the state of a batch
+    whose every request verifies drafts (``verify_state``: SpecDecoding, or
+    ChunkedPrefill for EAGLE, whose verification runs the split-fuse kernel)
+    and of a batch of one-token decodes (``single_token_state``: DecodeOnly, or
+    SpecDecoding for MTP, which hands decodes over with no draft yet under PD
+    disaggregation). The chosen drafter declares them (``ctx.chosen["drafter"]``);
+    without one they are SpecDecoding and DecodeOnly.
+    """
 
-    def __init__(self, spec_method: str | None, chunked_prefill: bool) -> None:
-        self.spec_method = spec_method
+    __slots__ = ("single_token_state", "verify_state", "chunked_prefill")
+
+    def __init__(self, chunked_prefill: bool, single_token_state: AttentionState = AttentionState.DecodeOnly,
+                 verify_state: AttentionState = AttentionState.SpecDecoding) -> None:
+        self.single_token_state = single_token_state
+        self.verify_state = verify_state
         self.chunked_prefill = chunked_prefill
 
     @classmethod
     def from_context(cls, ctx: Any) -> "StandardStatePolicy":
-        spec = ctx.vllm_config.speculative_config
+        drafter = getattr(ctx, "chosen", {}).get("drafter")
         return cls(
-            spec_method=spec.method if spec is not None else None,
             chunked_prefill=bool(ctx.vllm_config.scheduler_config.enable_chunked_prefill),
+            single_token_state=AttentionState[getattr(drafter, "single_token_state", "DecodeOnly")],
+            verify_state=AttentionState[getattr(drafter, "verify_state", "SpecDecoding")],
         )
 
     def decide(self, batch: StepBatch) -> AttentionState:
-        n = batch.num_reqs
-        scheduled = batch.num_scheduled_tokens[:n]
-        if np.array_equal(batch.seq_lens[:n], scheduled):
+        # the batch's facts (see StepBatch): O(1) from the runner's sums in a live step
+        if batch.fresh:  # seq_lens == scheduled for every request
             return AttentionState.PrefillNoCache
-        if np.all(scheduled == 1):
-            # MTP verifies with the SpecDecoding kernel even for one-token steps
-            # (PD disaggregation hands decodes over with no draft yet).
-            if self.spec_method in MTP_METHODS:
-                return AttentionState.SpecDecoding
-            return AttentionState.DecodeOnly
-        if np.all(batch.num_valid_tokens[:n] == 1):
-            if self.spec_method in EAGLE_METHODS:
-                return AttentionState.ChunkedPrefill
-            return AttentionState.SpecDecoding
+        if batch.single_token:  # every request schedules one token
+            return self.single_token_state
+        if batch.single_valid:  # every request has one valid (non-draft) token
+            return self.verify_state
         # Mixed prefill/decode: split-fuse when the scheduler chunks prefills,
         # else a prefill over a partly cached prefix.
         if self.chunked_prefill:

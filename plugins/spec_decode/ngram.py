@@ -1,7 +1,8 @@
 """The n-gram drafter: proposes continuations found earlier in the same sequence.
 
-It needs no model and no device kernels, so it runs the same on every host;
-vLLM's ``NgramProposer`` (numba, CPU) does the matching.
+It needs no model, no KV cache and no device kernels, so it runs the same on
+every host; vLLM's ``NgramProposer`` (numba, CPU) does the matching.
+Verification batches run the SpecDecoding kernel.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from typing import Any
 
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
+from ascend_kernel_plugins.spec_decode.base import KernelDrafter
 
 
-class NgramDrafter:
-    __slots__ = ()
+class NgramDrafter(KernelDrafter):
+    methods = frozenset({"ngram"})
 
     def build(self, runner: Any) -> Any:
         from vllm.v1.spec_decode.ngram_proposer import NgramProposer
@@ -21,24 +23,8 @@ class NgramDrafter:
         return NgramProposer(runner.vllm_config)
 
 
-def _supports(ctx: Any) -> str | None:
-    spec = ctx.vllm_config.speculative_config
-    if spec is None:
-        return "no speculative decoding configured"
-    if spec.method != "ngram":
-        return f"speculative method is {spec.method!r}, not 'ngram'"
-    return None
-
-
 @hookimpl
 def ascend_kernel_drafters() -> list[Implementation]:
-    return [
-        Implementation(
-            family="drafter",
-            name="ngram",
-            factory=lambda ctx: NgramDrafter(),
-            supports=_supports,
-            priority=10,
-            description="prompt-lookup n-gram drafting (CPU, model-free)",
-        )
-    ]
+    return [Implementation(family="drafter", name="ngram", factory=lambda ctx: NgramDrafter(),
+                           supports=NgramDrafter.supports, priority=10,
+                           description="prompt-lookup n-gram drafting (CPU, model-free)")]

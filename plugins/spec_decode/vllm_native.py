@@ -1,7 +1,8 @@
 """Fallback drafter: keep the proposer vLLM's own runner built for the method.
 
-Methods without a dedicated plugin (EAGLE/EAGLE3, MTP, draft models, suffix,
-...) keep running on the kernel platform through vLLM's proposer; a dedicated
+Methods no plugin serves (suffix, medusa, ...) keep running on the kernel
+platform through the proposer vLLM's runner built, with the default attention
+states (SpecDecoding verification, DecodeOnly one-token decodes); a dedicated
 plugin with a higher priority takes over a method as soon as it is installed,
 and the decision record says which one served.
 """
@@ -12,10 +13,11 @@ from typing import Any
 
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
+from ascend_kernel_plugins.spec_decode.base import KernelDrafter
 
 
-class VllmNativeDrafter:
-    __slots__ = ()
+class VllmNativeDrafter(KernelDrafter):
+    kv_cache = "whatever vLLM's proposer asks for"
 
     def build(self, runner: Any) -> Any:
         return runner.drafter

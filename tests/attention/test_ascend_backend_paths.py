@@ -122,7 +122,7 @@ def test_step_lengths_come_from_the_host_copy_when_it_is_exact():
     from ascend_kernel_plugins.attention.ascend.backend import step_lengths_and_state
     from ascend_kernel_plugins.attention.states import StandardStatePolicy
 
-    decide = StandardStatePolicy(None, True).decide
+    decide = StandardStatePolicy(True).decide
     # a device tensor that cannot be read back: any device-to-host copy raises
     unreadable = torch.empty(2, dtype=torch.int32, device="meta")
     host = torch.tensor([7, 9], dtype=torch.int32)

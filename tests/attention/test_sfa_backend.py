@@ -124,7 +124,7 @@ class Scenario:
         self.rope = torch.zeros(NUM_BLOCKS, BLOCK_SIZE, 1, ROPE)
         self.index = torch.zeros(NUM_BLOCKS, BLOCK_SIZE, 1, DI)
         self.builder = AscendSFAMetadataBuilder(None, ["model.layers.0.self_attn.attn"], None, torch.device("cpu"),
-                                                decide_state=StandardStatePolicy(None, True).decide)
+                                                decide_state=StandardStatePolicy(True).decide)
         self.impl = make_impl(ops if ops is not None else ReferenceOps())
         self.histories = {}
 

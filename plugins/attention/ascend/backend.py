@@ -121,9 +121,16 @@ class AscendMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> AscendMetadata:
-        m = common_attn_metadata
+        return self._build(common_attn_metadata, drafting=False)
+
+    def build_for_drafting(self, common_attn_metadata: CommonAttentionMetadata, draft_index: int) -> AscendMetadata:
+        """A drafter's forward pass: its batch is not the step's (see :func:`step_lengths_and_state`)."""
+        return self._build(common_attn_metadata, drafting=True)
+
+    def _build(self, m: CommonAttentionMetadata, drafting: bool) -> AscendMetadata:
         n = m.num_reqs
-        query_lens, seq_lens, state = step_lengths_and_state(m, self.decide_state, self.host_seq_lens_exact)
+        query_lens, seq_lens, state = step_lengths_and_state(m, self.decide_state, self.host_seq_lens_exact,
+                                                             drafting)
         if state in (AttentionState.PrefillNoCache, AttentionState.PrefillCacheHit):
             mask = self.masks.mask_for(state, seq_lens, torch.empty(0), self.dtype, self.device)
         elif state is AttentionState.DecodeOnly:
@@ -155,8 +162,8 @@ def host_seq_lens_are_exact(vllm_config: Any) -> bool:
     return not (vllm_config.scheduler_config.async_scheduling and vllm_config.speculative_config is not None)
 
 
-def step_lengths_and_state(m: CommonAttentionMetadata, decide_state: Any,
-                           host_seq_lens_exact: bool = False) -> tuple[torch.Tensor, torch.Tensor, Any]:
+def step_lengths_and_state(m: CommonAttentionMetadata, decide_state: Any, host_seq_lens_exact: bool = False,
+                           drafting: bool = False) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """Per-request query and sequence lengths (host int32) and the step's attention state.
 
     The Ascend kernels take lengths on the host. With ``host_seq_lens_exact``
@@ -165,16 +172,22 @@ def step_lengths_and_state(m: CommonAttentionMetadata, decide_state: Any,
     for the device on an NPU. The state is the one the runner decided for this
     step; warm-up and profile runs have none, so the same policy decides it
     from the metadata.
+
+    A drafter's forward passes (``drafting``) carry batches of their own (the
+    accepted tokens, then one token per request and draft position): their
+    state is decided from the metadata, not taken from the step, and their
+    lengths come from the device tensor, since drafters advance ``seq_lens``
+    without always moving the host upper bound along.
     """
     n = m.num_reqs
     starts = m.query_start_loc_cpu[: n + 1].to(torch.int32)
     query_lens = starts[1:] - starts[:-1]
     host = m.seq_lens_cpu_upper_bound
-    if host_seq_lens_exact and host is not None:
+    if host_seq_lens_exact and host is not None and not drafting:
         seq_lens = host[:n].to(torch.int32)
     else:
         seq_lens = m.seq_lens[:n].to("cpu", torch.int32)
-    state = current_attn_state()
+    state = None if drafting else current_attn_state()
     if state is None:
         q_np, s_np = query_lens.numpy(), seq_lens.numpy()
         state = decide_state(StepBatch(n, s_np, q_np, q_np, int(q_np.sum())))
