@@ -209,10 +209,28 @@ def ascend_kernel_moe_comm_methods() -> "list[Implementation]":
 def ascend_kernel_drafters() -> "list[Implementation]":
     """Offer drafters (family ``drafter``; optional: unused without a speculative config).
 
-    ``supports(ctx)`` should check the speculative method the vLLM config asks for.
-    The built object must provide ``build(runner) -> proposer``: the proposer
-    vLLM's runner keeps as ``runner.drafter`` (same interface as vLLM's
-    proposers: ``propose(...)``, ``load_model(...)``).
+    Resolved first of all families: the attention-state policy reads the
+    chosen drafter's rules from ``ctx.chosen["drafter"]``. ``supports(ctx)``
+    should check the speculative method the vLLM config asks for
+    (``ctx.vllm_config.speculative_config.method``; a method vLLM does not
+    know arrives as ``custom_class`` with the proposer's class path in
+    ``speculative_config.model``). The built object must provide:
+
+    * ``build(runner) -> proposer``: called once by the runner; the proposer
+      replaces the one vLLM's runner built (``runner.drafter``) and must have
+      the interface vLLM's runner dispatches to for that method
+      (``propose(...)``, ``load_model(...)``); vLLM's proposer classes may be
+      the base. Its draft model's forward passes build attention metadata
+      through the chosen backend's ``build_for_drafting``;
+    * ``single_token_state`` and ``verify_state``: names of
+      ``AttentionState`` members for the target's batches of one-token
+      decodes and of draft verification (the Ascend rules: ``DecodeOnly`` /
+      ``SpecDecoding``; EAGLE verifies as ``ChunkedPrefill``; MTP decodes as
+      ``SpecDecoding``);
+    * ``kv_cache``: what KV cache the proposer needs, in words (shown in the
+      report; its layers' caches come from the kernel's layouts).
+
+    It may provide ``describe() -> dict`` for the report.
     """
 
 

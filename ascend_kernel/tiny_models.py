@@ -30,7 +30,8 @@ from typing import Any, Callable
 
 #: Architectures :func:`create_tiny_model` can build.
 SUPPORTED_ARCHS: tuple[str, ...] = (
-    "llama", "deepseek_v2", "deepseek_v32", "qwen2_moe", "mamba2", "falcon_h1", "qwen3_next", "gemma3n", "bert",
+    "llama", "deepseek_v2", "deepseek_v32", "deepseek_mtp", "qwen2_moe", "mamba2", "falcon_h1", "qwen3_next",
+    "gemma3n", "bert", "llama_eagle",
 )
 
 #: Weight dtypes accepted for ``dtype`` (float32 is the one the tests compare in).
@@ -207,6 +208,8 @@ def _build(arch: str, out: Path, *, seed: int, dtype: str) -> None:
     extra = _EXTRA_WEIGHTS.get(arch)
     if extra is not None:
         _add_weights(out / "model.safetensors", extra(config, seed), torch_dtype)
+    if arch in DRAFT_HEAD_ARCHS:
+        DRAFT_HEAD_ARCHS[arch](out / "model.safetensors", config, seed, torch_dtype)
 
 
 def _add_weights(path: Path, tensors: dict[str, Any], dtype: Any) -> None:
@@ -359,6 +362,98 @@ def _deepseek_v32_indexer_weights(config: Any, seed: int) -> dict[str, Any]:
         weights[f"{prefix}.weights_proj.weight"] = torch.randn(heads, config.hidden_size, generator=gen) * INIT_STD
         weights[f"{prefix}.k_norm.weight"] = torch.ones(dim)
         weights[f"{prefix}.k_norm.bias"] = torch.randn(dim, generator=gen) * INIT_STD
+    return weights
+
+
+def _llama_eagle_config(vocab_size: int) -> Any:
+    """An EAGLE draft head for the tiny Llama: one Llama decoder layer over [embedding; target hidden]."""
+    config = _llama_config(vocab_size)
+    config.num_hidden_layers = 1
+    return config
+
+
+def _as_eagle_head(path: Path, config: Any, seed: int, dtype: Any) -> None:
+    """Rewrite a saved one-layer Llama into an EAGLE-1 head checkpoint, as vLLM's EagleLlama loads it.
+
+    The head keeps the decoder layer (without its input norm: EAGLE feeds the
+    layer the fused input directly) and the embedding, adds ``fc`` ([hidden,
+    2 * hidden], over the concatenated token embedding and target hidden
+    state), and drops the final norm and LM head (the target's are used).
+    Names carry no ``model.`` prefix, as published EAGLE heads do.
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(path)
+    head = {}
+    for name, tensor in state.items():
+        if name.startswith("model.layers.0.") and "input_layernorm" not in name:
+            head[name.removeprefix("model.")] = tensor
+        elif name == "model.embed_tokens.weight":
+            head["embed_tokens.weight"] = tensor
+    gen = torch.Generator().manual_seed(seed + 91)
+    head["fc.weight"] = (torch.randn(config.hidden_size, 2 * config.hidden_size, generator=gen) * INIT_STD).to(dtype)
+    path.unlink()
+    save_file({k: v.contiguous() for k, v in head.items()}, path, metadata={"format": "pt"})
+
+
+def _deepseek_mtp_config(vocab_size: int) -> Any:
+    """DeepSeek-V3 (MLA, sigmoid-scored MoE with a correction bias) with one next-token-prediction layer.
+
+    The MTP layer is stored as layer ``num_hidden_layers`` (see
+    :func:`_deepseek_mtp_layer_weights`); transformers' DeepSeek-V3 ignores it,
+    vLLM's MTP drafter loads it. ``topk_method``/``scoring_func`` are written
+    for vLLM (transformers' V3 always scores with sigmoid and the bias).
+    """
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(
+        vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, q_lora_rank=None, kv_lora_rank=512,
+        qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=64, n_routed_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=64, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+        norm_topk_prob=True, routed_scaling_factor=1.0, max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
+        initializer_range=INIT_STD, num_nextn_predict_layers=1, topk_method="noaux_tc", scoring_func="sigmoid",
+    )
+
+
+def _deepseek_mtp_layer_weights(config: Any, seed: int) -> dict[str, Any]:
+    """The MTP layer as DeepSeek-V3 checkpoints store it: a decoder layer plus its projection and head.
+
+    Its experts are saved one tensor per expert (``experts.{e}.gate_proj``...),
+    the layout vLLM's MTP loader reads (it does not read transformers' fused
+    ``experts.gate_up_proj``). Drawn from a seed of its own.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 77)
+    hidden, heads, lora = config.hidden_size, config.num_attention_heads, config.kv_lora_rank
+    nope, rope, v_dim = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
+    inter, shared = config.moe_intermediate_size, config.moe_intermediate_size * config.n_shared_experts
+    shapes = {
+        "self_attn.q_proj.weight": (heads * (nope + rope), hidden),
+        "self_attn.kv_a_proj_with_mqa.weight": (lora + rope, hidden),
+        "self_attn.kv_b_proj.weight": (heads * (nope + v_dim), lora),
+        "self_attn.o_proj.weight": (hidden, heads * v_dim),
+        "mlp.gate.weight": (config.n_routed_experts, hidden),
+        "mlp.gate.e_score_correction_bias": (config.n_routed_experts,),
+        "mlp.shared_experts.gate_proj.weight": (shared, hidden),
+        "mlp.shared_experts.up_proj.weight": (shared, hidden),
+        "mlp.shared_experts.down_proj.weight": (hidden, shared),
+        "eh_proj.weight": (hidden, 2 * hidden),
+        "shared_head.head.weight": (config.vocab_size, hidden),
+    }
+    for e in range(config.n_routed_experts):
+        shapes[f"mlp.experts.{e}.gate_proj.weight"] = (inter, hidden)
+        shapes[f"mlp.experts.{e}.up_proj.weight"] = (inter, hidden)
+        shapes[f"mlp.experts.{e}.down_proj.weight"] = (hidden, inter)
+    prefix = f"model.layers.{config.num_hidden_layers}"
+    weights = {f"{prefix}.{name}": torch.randn(shape, generator=gen) * INIT_STD for name, shape in shapes.items()}
+    for norm, size in (("self_attn.kv_a_layernorm", lora), ("input_layernorm", hidden),
+                       ("post_attention_layernorm", hidden), ("enorm", hidden), ("hnorm", hidden),
+                       ("shared_head.norm", hidden)):
+        weights[f"{prefix}.{norm}.weight"] = torch.ones(size)
     return weights
 
 
@@ -521,16 +616,22 @@ _BUILDERS: dict[str, Callable[[int], Any]] = {
     "llama": _llama_config,
     "deepseek_v2": _deepseek_v2_config,
     "deepseek_v32": _deepseek_v32_config,
+    "deepseek_mtp": _deepseek_mtp_config,
     "qwen2_moe": _qwen2_moe_config,
     "mamba2": _mamba2_config,
     "falcon_h1": _falcon_h1_config,
     "qwen3_next": _qwen3_next_config,
     "gemma3n": _gemma3n_config,
     "bert": _bert_config,
+    "llama_eagle": _llama_eagle_config,
 }
 assert tuple(_BUILDERS) == SUPPORTED_ARCHS
+
+#: draft heads: saved like their base model, then rewritten into the head's checkpoint layout
+DRAFT_HEAD_ARCHS: dict[str, Callable[[Path, Any, int, Any], None]] = {"llama_eagle": _as_eagle_head}
 
 #: weights transformers' model class does not have, added to the checkpoint for vLLM
 _EXTRA_WEIGHTS: dict[str, Callable[[Any, int], dict[str, Any]]] = {
     "deepseek_v32": _deepseek_v32_indexer_weights,
+    "deepseek_mtp": _deepseek_mtp_layer_weights,
 }

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ascend_kernel.tiny_models import (
+    DRAFT_HEAD_ARCHS,
     MARKER_NAME,
     ENCODER_ARCHS,
     SUPPORTED_ARCHS,
@@ -60,7 +61,7 @@ def test_encoder_model_loads_and_embeds(built: dict[str, Path]) -> None:
     assert hidden.shape[-1] == model.config.hidden_size and torch.isfinite(hidden).all()
 
 
-@pytest.mark.parametrize("arch", [a for a in SUPPORTED_ARCHS if a not in ENCODER_ARCHS])
+@pytest.mark.parametrize("arch", [a for a in SUPPORTED_ARCHS if a not in ENCODER_ARCHS and a not in DRAFT_HEAD_ARCHS])
 def test_loads_in_transformers_and_generates(built: dict[str, Path], arch: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -69,7 +70,8 @@ def test_loads_in_transformers_and_generates(built: dict[str, Path], arch: str) 
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     # DeepSeek-V3.2 has no transformers model: its checkpoint is a DeepSeek-V2 one plus indexer weights
-    assert model.config.model_type.removesuffix("_text") == {"deepseek_v32": "deepseek_v2"}.get(arch, arch)
+    assert model.config.model_type.removesuffix("_text") == {"deepseek_v32": "deepseek_v2",
+                                                             "deepseek_mtp": "deepseek_v3"}.get(arch, arch)
     assert model.config.vocab_size == len(tok)
 
     ids = tok(PROMPT, return_tensors="pt").input_ids
@@ -83,6 +85,27 @@ def test_loads_in_transformers_and_generates(built: dict[str, Path], arch: str) 
     new = out[0, ids.shape[1]:].tolist()
     assert len(new) == 8
     assert all(0 <= t < len(tok) for t in new)
+
+
+def test_draft_checkpoints_have_the_layouts_vllm_loads(built: dict[str, Path]) -> None:
+    """The MTP layer sits after the last decoder layer, experts per tensor; the EAGLE head is fc + one layer."""
+    import json
+
+    from safetensors.torch import load_file
+
+    mtp = load_file(built["deepseek_mtp"] / "model.safetensors")
+    config = json.loads((built["deepseek_mtp"] / "config.json").read_text())
+    assert (config["num_nextn_predict_layers"], config["scoring_func"], config["topk_method"]) == (1, "sigmoid", "noaux_tc")
+    layer = f"model.layers.{config['num_hidden_layers']}"
+    hidden = config["hidden_size"]
+    assert mtp[f"{layer}.eh_proj.weight"].shape == (hidden, 2 * hidden)
+    assert mtp[f"{layer}.shared_head.head.weight"].shape == (config["vocab_size"], hidden)
+    assert all(f"{layer}.mlp.experts.{e}.{p}.weight" in mtp
+               for e in range(config["n_routed_experts"]) for p in ("gate_proj", "up_proj", "down_proj"))
+    eagle = load_file(built["llama_eagle"] / "model.safetensors")
+    assert eagle["fc.weight"].shape == (hidden, 2 * hidden)
+    assert not any(k.startswith("model.") or "input_layernorm" in k or k.startswith("lm_head") for k in eagle)
+    assert {k.split(".")[1] for k in eagle if k.startswith("layers.")} == {"0"}
 
 
 def test_deepseek_v32_checkpoint_carries_an_indexer_per_layer(built: dict[str, Path]) -> None:
