@@ -17,12 +17,13 @@ from collections import Counter
 from typing import Any
 
 import torch
-from vllm.model_executor.custom_op import CustomOp, op_registry_oot
+from vllm.model_executor.custom_op import CustomOp
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
 from ascend_kernel import kernel as kernel_mod
 from ascend_kernel.ops import get_ops
+from ascend_kernel.oot_ops import register_oot
 
 _built: Counter[str] = Counter()
 
@@ -72,14 +73,7 @@ REPLACEMENTS: dict[str, type[CustomOp]] = {"RMSNorm": AscendRMSNorm, "RotaryEmbe
 def register() -> list[str]:
     """Register every replacement once per process; a different class already there is an error."""
     for name, cls in REPLACEMENTS.items():
-        present = op_registry_oot.get(name)
-        if present is None:
-            CustomOp.register_oot(cls, name=name)
-        elif present is not cls:
-            raise RuntimeError(
-                f"vLLM's out-of-tree op '{name}' is already registered as {present.__module__}.{present.__qualname__}; "
-                "the ascend layer ops cannot replace it (set ASCEND_KERNEL_LAYER_OPS=vllm-native)"
-            )
+        register_oot(name, cls, "set ASCEND_KERNEL_LAYER_OPS=vllm-native")
     return sorted(REPLACEMENTS)
 
 

@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 from vllm.forward_context import get_forward_context
-from vllm.model_executor.custom_op import CustomOp, op_registry_oot
 from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
 
 from ascend_kernel import kernel as kernel_mod
+from ascend_kernel.oot_ops import register_oot
 from ascend_kernel.ops import get_ops
 from ascend_kernel.runner.kernel_runner import current_trace
 from ascend_kernel_plugins.moe_comm.experts import LocalExperts, gather_expert_maps, slot_table
@@ -141,11 +141,5 @@ def _metadata_group(parallel: MoEParallel) -> Any:
 
 def register() -> list[str]:
     """Register the replacement once per process; another class already there is an error."""
-    present = op_registry_oot.get(REPLACED)
-    if present is None:
-        CustomOp.register_oot(AscendUnquantizedFusedMoEMethod, name=REPLACED)
-    elif present is not AscendUnquantizedFusedMoEMethod:
-        raise RuntimeError(
-            f"vLLM's out-of-tree op '{REPLACED}' is already registered as {present.__module__}."
-            f"{present.__qualname__}; the moe_comm plugin cannot replace it (disable one of them)")
+    register_oot(REPLACED, AscendUnquantizedFusedMoEMethod, "disable one of the plugins that register it")
     return [f"vllm.model_executor.layers.fused_moe.{REPLACED}"]

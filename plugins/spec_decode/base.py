@@ -46,3 +46,12 @@ class KernelDrafter:
         if spec.method not in cls.methods:
             return f"speculative method is {spec.method!r}, not one of {', '.join(sorted(cls.methods))}"
         return None
+
+
+class HiddenStateDrafter(KernelDrafter):
+    """Drafters whose proposer drafts from the target's hidden states: vLLM's ``EagleProposer`` (EAGLE, MTP)."""
+
+    def build(self, runner: Any) -> Any:
+        from vllm.v1.spec_decode.eagle import EagleProposer
+
+        return EagleProposer(runner.vllm_config, runner.device, runner)

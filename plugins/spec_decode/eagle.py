@@ -7,22 +7,15 @@ runner does. The proposer is vLLM's ``EagleProposer``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
-from ascend_kernel_plugins.spec_decode.base import KernelDrafter
+from ascend_kernel_plugins.spec_decode.base import HiddenStateDrafter
 
 
-class EagleDrafter(KernelDrafter):
+class EagleDrafter(HiddenStateDrafter):
     methods = frozenset({"eagle", "eagle3"})
     verify_state = "ChunkedPrefill"
     kv_cache = "the draft head's attention layers (kernel layouts, separate KV groups)"
-
-    def build(self, runner: Any) -> Any:
-        from vllm.v1.spec_decode.eagle import EagleProposer
-
-        return EagleProposer(runner.vllm_config, runner.device, runner)
 
 
 @hookimpl

@@ -9,22 +9,15 @@ MTP in vLLM 0.32.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
-from ascend_kernel_plugins.spec_decode.base import KernelDrafter
+from ascend_kernel_plugins.spec_decode.base import HiddenStateDrafter
 
 
-class MtpDrafter(KernelDrafter):
+class MtpDrafter(HiddenStateDrafter):
     methods = frozenset({"mtp", "deepseek_mtp"})
     single_token_state = "SpecDecoding"
     kv_cache = "the MTP layers' attention caches (kernel layouts, separate KV groups)"
-
-    def build(self, runner: Any) -> Any:
-        from vllm.v1.spec_decode.eagle import EagleProposer
-
-        return EagleProposer(runner.vllm_config, runner.device, runner)
 
 
 @hookimpl
