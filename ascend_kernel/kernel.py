@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -104,6 +105,8 @@ class Kernel:
     plan: KernelPlan | None = None
     _kv_layouts: dict[type, tuple[str, Any]] = field(default_factory=dict)
     _entries: dict[str, list[Implementation]] = field(default_factory=dict)
+    #: milliseconds this process spent on plugin discovery (``discovery``) and choosing (``selection``)
+    startup_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def device(self) -> Device:
@@ -140,6 +143,7 @@ class Kernel:
         """Choose one implementation per global family; idempotent per process."""
         if self.plan is not None:
             return self.plan
+        started = time.perf_counter()
         tables = {family.name: self._build_table(family, self.context(vllm_config)) for family in TABLE_FAMILIES}
         chosen: dict[str, Any] = {}
         ctx = SelectionContext(vllm_config, self.settings, self.device_info, None, tables, chosen)
@@ -154,10 +158,12 @@ class Kernel:
             )
             self.records.append(record)
             chosen[family.name] = impl.build(ctx) if impl is not None else None
+        self._check_forced_kv_layout_name()
         self.plan = KernelPlan(**chosen, tables=tables)
-        for record in self.records:
-            logger.info("ascend-kernel: %s -> %s (%s, %s)", record.family, record.chosen,
-                        record.plugin, record.forced_by)
+        self.startup_ms["selection"] = (time.perf_counter() - started) * 1e3
+        for record in self.records:  # the engine's summary is logged once, by its first worker (ascend_kernel.logs)
+            logger.debug("ascend-kernel: %s -> %s (%s, %s)", record.family, record.chosen,
+                         record.plugin, record.forced_by)
         return self.plan
 
     def _build_table(self, family: Family, ctx: SelectionContext) -> dict[str, Any]:
@@ -202,6 +208,25 @@ class Kernel:
             self._kv_layouts[spec_type] = (impl.name, impl.build(ctx))
         return self._kv_layouts[spec_type]
 
+    def _check_forced_kv_layout_name(self) -> None:
+        """A forced KV layout no plugin provides fails here, with the other forced names.
+
+        The layout itself is chosen per spec type at KV-cache init, in the
+        workers; an unknown name is known to be wrong before that, in the
+        process that configures the engine (a server's front end), where the
+        error reaches the user as one paragraph.
+        """
+        forced = self.settings.forced(KV_CACHE_FAMILY.setting)
+        if forced is None:
+            return
+        entries = self.entries(KV_CACHE_FAMILY)
+        if not any(forced in (e.name, *e.aliases) for e in entries):
+            known = ", ".join(sorted(e.name for e in entries)) or "none installed"
+            raise SelectionError(
+                f"Unknown {KV_CACHE_FAMILY.name} '{forced}' (forced by "
+                f"{KernelSettings.env_name(KV_CACHE_FAMILY.setting)}). Choose one of: {known} "
+                "(is the plugin that provides it installed and enabled?)")
+
     def _forced_kv_layout(self, spec_type: type, ctx: SelectionContext) -> str | None:
         """A forced layout applies to the specs it handles; others stay on auto."""
         forced = self.settings.forced(KV_CACHE_FAMILY.setting)
@@ -218,6 +243,7 @@ class Kernel:
             "decisions": [r.as_dict() for r in self.records],
             "config_changes": [c.as_dict() for c in self.config_changes],
             "plugins": [p.as_dict() for p in self.plugins.infos],
+            "startup_ms": dict(self.startup_ms),
         }
 
 
@@ -240,7 +266,9 @@ def activate(vllm_config: Any, *, configure: bool, requested: Any = None) -> Ker
         settings = load_settings(getattr(vllm_config, "additional_config", None))
         if _current is None or _current.settings != settings or configure:
             kind = resolve_device_kind(settings) or "cpu"
+            started = time.perf_counter()
             _current = build_kernel(settings, kind)
+            _current.startup_ms["discovery"] = (time.perf_counter() - started) * 1e3
             if configure:
                 changes = _current.configure(vllm_config, requested)
                 _remember_changes(vllm_config, changes)

@@ -9,24 +9,101 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 
-@dataclass(slots=True)
 class StepBatch:
-    """Shape of one scheduled batch, per request (arrays of length ``num_reqs``).
+    """Shape of one scheduled batch: per-request arrays and the facts the policies branch on.
 
+    Arrays have one row per request (rows past ``num_reqs`` are ignored):
     ``seq_lens`` counts computed + scheduled tokens; ``num_valid_tokens`` is
-    scheduled minus speculative draft tokens.
+    scheduled minus speculative draft tokens. The facts, each one bool:
+
+    * ``fresh``: no request has computed tokens before this step (``seq_lens == num_scheduled_tokens``);
+    * ``single_token``: every request schedules exactly one token;
+    * ``single_valid``: every request has exactly one valid (non-draft) token.
+
+    Built from arrays (``StepBatch(num_reqs, seq_lens, scheduled, valid, total)``,
+    as tests and backends do), a fact is computed from the arrays when first
+    read. The runner builds it with :meth:`of_step` from what vLLM already
+    computed (``num_computed_tokens_cpu``, the step's token total, the draft
+    dict): the facts are then set up front at the cost of a few scalar
+    operations, and an array is only computed if a policy reads it. Whatever
+    is not set is computed by ``__getattr__`` on first use and kept.
     """
 
-    num_reqs: int
-    seq_lens: np.ndarray
-    num_scheduled_tokens: np.ndarray
-    num_valid_tokens: np.ndarray
-    total_tokens: int
+    __slots__ = ("num_reqs", "num_scheduled_tokens", "total_tokens", "seq_lens", "num_valid_tokens",
+                 "fresh", "single_token", "single_valid", "_num_computed_tokens", "_drafts", "_req_ids")
+
+    def __init__(self, num_reqs: int, seq_lens: np.ndarray, num_scheduled_tokens: np.ndarray,
+                 num_valid_tokens: np.ndarray, total_tokens: int) -> None:
+        self.num_reqs = num_reqs
+        self.seq_lens = seq_lens
+        self.num_scheduled_tokens = num_scheduled_tokens
+        self.num_valid_tokens = num_valid_tokens
+        self.total_tokens = total_tokens
+
+    @classmethod
+    def of_step(cls, num_reqs: int, num_computed_tokens: np.ndarray, num_scheduled_tokens: np.ndarray,
+                total_tokens: int, drafts: Mapping[str, Sequence[int]] | None = None,
+                req_ids: Sequence[str] = ()) -> "StepBatch":
+        """The runner's batch: ``num_computed_tokens`` before this step, ``total_tokens`` = sum of scheduled.
+
+        Relies on two invariants of vLLM's scheduler, from which the facts
+        follow by sums: every scheduled request has at least one token, and at
+        least one that is not a draft (a request verifying drafts also feeds
+        its last sampled token). So "one token each" is ``total_tokens ==
+        num_reqs`` and "one valid token each" is ``total_tokens - draft tokens
+        == num_reqs``. ``fresh`` reads the first request's computed count (a
+        decode batch answers there) and counts the others only when it is 0.
+        ``drafts`` maps request ids (of ``req_ids``, the rows in order) to
+        their draft tokens.
+        """
+        batch = cls.__new__(cls)
+        batch.num_reqs = num_reqs
+        batch.num_scheduled_tokens = num_scheduled_tokens
+        batch.total_tokens = total_tokens
+        batch._num_computed_tokens = num_computed_tokens
+        batch.fresh = not (num_reqs and num_computed_tokens[0]) and not np.count_nonzero(num_computed_tokens[:num_reqs])
+        single = batch.single_token = total_tokens == num_reqs
+        if drafts:
+            batch._drafts = drafts
+            batch._req_ids = req_ids
+        else:
+            batch.num_valid_tokens = num_scheduled_tokens
+            batch.single_valid = single
+        return batch
+
+    def __getattr__(self, name: str) -> Any:
+        """Called only for a slot not yet set: computes the array or fact and keeps it."""
+        n = self.num_reqs
+        if name == "fresh":
+            value = bool(np.array_equal(self.seq_lens[:n], self.num_scheduled_tokens[:n]))
+        elif name == "single_token":
+            value = bool(np.all(self.num_scheduled_tokens[:n] == 1))
+        elif name == "single_valid":
+            drafts = getattr(self, "_drafts", None)
+            if drafts is not None:
+                value = self.total_tokens - sum(map(len, drafts.values())) == n
+            else:
+                value = bool(np.all(self.num_valid_tokens[:n] == 1))
+        elif name == "seq_lens" and hasattr(self, "_num_computed_tokens"):
+            value = self._num_computed_tokens[:n] + self.num_scheduled_tokens[:n]
+        elif name == "num_valid_tokens" and hasattr(self, "_drafts"):
+            drafts = self._drafts
+            num_draft = np.fromiter((len(drafts.get(r, ())) for r in self._req_ids[:n]), np.int64, n)
+            value = self.num_scheduled_tokens[:n] - num_draft
+        else:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        setattr(self, name, value)
+        return value
+
+    def __repr__(self) -> str:
+        return (f"StepBatch(num_reqs={self.num_reqs}, seq_lens={self.seq_lens!r}, "
+                f"num_scheduled_tokens={self.num_scheduled_tokens!r}, num_valid_tokens={self.num_valid_tokens!r}, "
+                f"total_tokens={self.total_tokens})")
 
 
 @dataclass(slots=True)

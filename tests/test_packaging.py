@@ -108,3 +108,79 @@ def test_entry_points_name_modules_in_the_wheel(wheel):
             elif attr and attr.strip().split(".")[0] not in _top_level_names(wheel.read(found).decode()):
                 problems.append(f"[{group}] {name} = {target}: {found} defines no {attr.strip()}")
     assert problems == []
+
+
+def test_wheel_ships_the_pep561_markers(wheel):
+    assert {"ascend_kernel/py.typed", "ascend_kernel_plugins/py.typed"} <= set(wheel.namelist())
+
+
+#: Run by the fresh environment's interpreter: imports every module of the installed wheel and loads every
+#: entry point of its distribution; prints where each came from as JSON.
+_IMPORT_EVERYTHING = r"""
+import importlib, importlib.metadata, json, sys
+modules = sys.argv[1:]
+dist = importlib.metadata.distribution("ascend-kernel")
+found = {"dist": str(dist.locate_file("")), "modules": {}, "entry_points": {}, "errors": [],
+         "sys_path": sys.path}
+for name in modules:
+    try:
+        found["modules"][name] = importlib.import_module(name).__file__
+    except Exception as exc:
+        found["errors"].append(f"import {name}: {type(exc).__name__}: {exc}")
+for ep in dist.entry_points:
+    try:
+        obj = ep.load()
+        found["entry_points"][f"{ep.group}:{ep.name}"] = getattr(obj, "__file__", None) or \
+            sys.modules[getattr(obj, "__module__", ep.module)].__file__
+    except Exception as exc:
+        found["errors"].append(f"entry point [{ep.group}] {ep.name} = {ep.value}: {type(exc).__name__}: {exc}")
+print(json.dumps(found))
+"""
+
+
+def test_installed_wheel_imports_everything_without_the_source_tree(wheel, tmp_path):
+    """The built wheel, installed non-editably into a fresh venv, imports and loads on its own.
+
+    The venv gets no packages of its own besides the wheel: the project's
+    dependencies (vLLM, torch, pluggy, ...) come from this test's environment,
+    added as a plain path, so its .pth files (the editable install's import hook
+    among them) are not run. The interpreter starts in an empty directory with
+    no PYTHONPATH (isolated mode), so the repository is not on sys.path either:
+    every module must come from the fresh venv.
+    """
+    import json
+    import os
+    import site
+    import sysconfig
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
+                           "--quiet", wheel.filename], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip())
+    ours = [p for p in {sysconfig.get_paths()["purelib"], *site.getsitepackages()} if Path(p).is_dir()]
+    (purelib / "zz_dependencies.pth").write_text("".join(f"{p}\n" for p in ours))  # paths only: no code runs
+
+    modules = sorted({
+        (name[:-len("/__init__.py")] if name.endswith("/__init__.py") else name[:-len(".py")]).replace("/", ".")
+        for name in wheel.namelist() if name.endswith(".py") and ".dist-info/" not in name
+    })
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "ASCEND_KERNEL_"))}
+    # -I: neither the working directory nor PYTHON* variables reach sys.path
+    proc = subprocess.run([str(python), "-I", "-c", _IMPORT_EVERYTHING, *modules], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["errors"] == []
+    assert Path(found["dist"]).resolve() == purelib.resolve()  # the wheel's dist-info, not the editable one
+    assert str(REPO) not in found["sys_path"] and "" not in found["sys_path"]
+    assert sorted(found["modules"]) == modules and len(modules) > 50
+    assert sum(key.startswith("ascend_kernel.plugins:") for key in found["entry_points"]) >= 10
+    outside = sorted(f"{what} from {path}" for what, path in {**found["modules"], **found["entry_points"]}.items()
+                     if not Path(path).resolve().is_relative_to(purelib.resolve()))
+    assert outside == []

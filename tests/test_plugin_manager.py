@@ -30,7 +30,8 @@ ESSENTIAL = ("attention", "graph", "kv-cache-standard", "layers", "sampling")
 BUILTINS = (
     "attention", "config-fixups", "graph", "kv-cache-int8-bsh", "kv-cache-mamba", "kv-cache-mla", "kv-cache-sfa",
     "kv-cache-standard", "kv-cache-vllm-views", "layers", "moe-comm", "moe-comm-allgather", "moe-comm-alltoall",
-    "moe-comm-mc2", "moe-comm-naive-multicast", "sampling", "spec-decode-ngram", "spec-decode-vllm",
+    "moe-comm-mc2", "moe-comm-naive-multicast", "sampling", "spec-decode-draft-model", "spec-decode-eagle",
+    "spec-decode-mtp", "spec-decode-ngram", "spec-decode-vllm",
 )
 _counter = itertools.count()
 
@@ -129,7 +130,7 @@ def test_thirdparty_sampler_discovered_and_chosen(install):
     assert demo.as_dict()["essential"] is None
 
     entries = pm.implementations("ascend_kernel_samplers", "sampler")
-    assert sorted(e.name for e in entries) == ["ascend-topk-topp", "demo-sampler", "vllm-default"]
+    assert sorted(e.name for e in entries) == ["ascend-topk-topp", "demo-sampler", "fast-cpu", "vllm-default"]
     chosen, record = choose("sampler", entries, CTX, forced=None, forcing_setting="ASCEND_KERNEL_SAMPLER")
     assert chosen.name == "demo-sampler"
     assert record.plugin == "demo"
@@ -327,7 +328,7 @@ def test_disable_a_thirdparty_plugin_via_additional_config(install):
     pm = manager(disable_plugins=["demo"])
     assert info_of(pm, "demo").status == "disabled"
     assert [e.name for e in pm.implementations("ascend_kernel_samplers", "sampler")] == ["vllm-default",
-                                                                                       "ascend-topk-topp"]
+                                                                                       "ascend-topk-topp", "fast-cpu"]
 
 
 def test_disable_plugins_none_is_not_a_crash():
@@ -404,7 +405,7 @@ def test_call_each_only_calls_implementers_and_keeps_origin(install):
     assert names == ["sampling", "demo"]
     entries = pm.implementations("ascend_kernel_samplers", "sampler")
     assert {(e.name, e.plugin) for e in entries} == {("vllm-default", "sampling"), ("ascend-topk-topp", "sampling"),
-                                                     ("demo-sampler", "demo")}
+                                                     ("fast-cpu", "sampling"), ("demo-sampler", "demo")}
     assert pm.entry_point_of("nobody") == "?"
 
 
@@ -422,7 +423,7 @@ def demo_on_path(monkeypatch):
 def test_tests_thirdparty_plugin_is_discovered(demo_on_path):
     pm = manager()
     demo = info_of(pm, "demo")
-    assert [i.name for i in pm.infos if not i.builtin] == ["demo", "moe-demo"]  # third parties last, by name
+    assert [i.name for i in pm.infos if not i.builtin] == ["demo", "drafter-demo", "moe-demo"]  # third parties last, by name
     assert (demo.status, demo.builtin, demo.distribution) == ("loaded", False, "ak-demo-plugin")
     assert demo.entry_point == "ascend_kernel.plugins: demo = ak_demo_plugin"
     assert demo.hooks == ["ascend_kernel_samplers"]

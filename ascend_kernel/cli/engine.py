@@ -28,12 +28,17 @@ class EngineRequest:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def prepare_process(kernel: bool) -> str:
-    """Choose the platform for this process before vLLM is imported; returns the device used."""
+def prepare_process(kernel: bool, offline_defaults: bool = True) -> str:
+    """Choose the platform for this process before vLLM is imported; returns the device used.
+
+    ``offline_defaults`` also sets the quick-tiny-model defaults of the
+    offline commands (in-process engine, 1 GiB KV cache, no Hub access);
+    ``serve`` leaves vLLM's own defaults.
+    """
     from ascend_kernel.device import npu_available
     from ascend_kernel.settings import KernelSettings, load_settings
 
-    for key, value in _VLLM_CPU_DEFAULTS.items():
+    for key, value in (_VLLM_CPU_DEFAULTS.items() if offline_defaults else ()):
         os.environ.setdefault(key, value)
     env = KernelSettings.env_name("device")
     if not kernel:
@@ -67,6 +72,11 @@ def kernel_report(llm: Any) -> dict[str, Any] | None:
         reports = llm.collective_rpc("ascend_kernel_report")
     except Exception:  # noqa: BLE001 - stock vLLM workers have no such method
         return None
+    return merge_worker_reports(reports)
+
+
+def merge_worker_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first worker's report plus every worker's step trace under ``ranks`` (also used by the server)."""
     report = dict(reports[0])
     report["ranks"] = [{"rank": rank, "trace": r["trace"]} for rank, r in enumerate(reports)]
     return report

@@ -7,7 +7,11 @@ config class, from deep inside vLLM. Here each keyword is looked up among
 ``LLM``'s keywords and ``EngineArgs``' fields and its value checked against
 their annotations: whole numbers, numbers, booleans, strings, literal choices,
 enums, lists, JSON objects (for vLLM's config classes, their keys as well).
-A construct the checker does not know passes through for vLLM to judge.
+Numbers are also held to the bounds of the vLLM config field the keyword
+fills (``max_num_seqs`` >= 1, ``gpu_memory_utilization`` in (0, 1]), which
+vLLM's config classes declare and would otherwise enforce only while the
+engine is being built. A construct the checker does not know passes through
+for vLLM to judge.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import os
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Mapping, Union, get_args, get_origin
 
 from ascend_kernel.errors import UsageError
 
@@ -56,15 +60,74 @@ def split_pair(text: str) -> tuple[str, str]:
     return key.strip().replace("-", "_"), value
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """Numeric bounds of the vLLM config field a keyword fills (``Annotated`` metadata of its type)."""
+
+    field: str  #: ``SchedulerConfig.max_num_seqs``
+    limits: tuple[tuple[str, Any], ...]  #: ``((">=", 1),)``
+
+    def allows(self, value: Any) -> bool:
+        checks = {">": value.__gt__, ">=": value.__ge__, "<": value.__lt__, "<=": value.__le__}
+        return all(checks[op](limit) is True for op, limit in self.limits)
+
+    def __str__(self) -> str:
+        return " and ".join(f"{op} {limit}" for op, limit in self.limits)
+
+
+@dataclass(frozen=True)
+class ConfigKeys:
+    """A JSON object vLLM turns into ``config_class`` itself (``Annotated`` metadata): its keys are that class's."""
+
+    config_class: type
+
+
+def _config_bounds() -> dict[str, Bounds]:
+    """Field name -> bounds, from the pydantic fields of vLLM's config classes.
+
+    A name whose config classes declare different bounds (``max_model_len``:
+    ModelConfig's >= -1, SpeculativeConfig's >= 1) is left out: which class
+    an engine keyword fills is not known here.
+    """
+    import annotated_types
+    import vllm.config
+
+    ops = ((annotated_types.Gt, "gt", ">"), (annotated_types.Ge, "ge", ">="),
+           (annotated_types.Lt, "lt", "<"), (annotated_types.Le, "le", "<="))
+    seen: dict[str, set[Bounds]] = {}
+    for name in dir(vllm.config):
+        cls = getattr(vllm.config, name)
+        fields = getattr(cls, "__pydantic_fields__", None) if isinstance(cls, type) else None
+        if not isinstance(fields, dict):
+            continue
+        for field_name, info in fields.items():
+            limits = tuple((op, getattr(m, attr)) for m in info.metadata for kind, attr, op in ops
+                           if isinstance(m, kind))
+            if limits:
+                seen.setdefault(field_name, set()).add(Bounds(f"{cls.__name__}.{field_name}", limits))
+    return {name: next(iter(found)) for name, found in seen.items()
+            if len({b.limits for b in found}) == 1}
+
+
 def keyword_types() -> dict[str, Any]:
-    """Every keyword ``vllm.LLM(...)`` accepts -> its annotation (LLM's own where it has one: it converts)."""
+    """Every keyword ``vllm.LLM(...)`` accepts -> its annotation (LLM's own where it has one: it converts).
+
+    Keywords that fill a bounded vLLM config field come as ``Annotated[type, Bounds]``, and
+    ``speculative_config`` (a dict vLLM makes into its SpeculativeConfig) as ``Annotated[type, ConfigKeys]``.
+    """
     from vllm import LLM
+    from vllm.config import SpeculativeConfig
     from vllm.engine.arg_utils import EngineArgs
 
     found = {f.name: f.type for f in dataclasses.fields(EngineArgs) if f.init and not f.name.startswith("_")}
     for name, param in inspect.signature(LLM.__init__).parameters.items():
         if name != "self" and param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
             found[name] = param.annotation
+    bounds = _config_bounds()
+    found = {name: Annotated[tp, bounds[name]] if name in bounds else tp for name, tp in found.items()}
+    # a plain dict for LLM and EngineArgs, made into SpeculativeConfig(**dict) while the engine is built
+    speculative = found["speculative_config"]
+    found["speculative_config"] = Annotated[speculative, ConfigKeys(SpeculativeConfig)]
     return found
 
 
@@ -97,6 +160,16 @@ def _closest(name: str, names: list[str]) -> str | None:
     return match[0] if match else None
 
 
+def _check_keys(value: dict[str, Any], config_class: type) -> None:
+    """:class:`_Mismatch` naming the keys of ``value`` that are no field of ``config_class``."""
+    fields = _config_fields(config_class) or []
+    unknown = [k for k in value if k not in fields and str(k).replace("-", "_") not in fields]
+    if unknown:
+        hints = [f"{k!r}" + (f" (did you mean {_closest(k, fields)!r}?)" if _closest(k, fields) else "")
+                 for k in unknown]
+        raise _Mismatch(f"vLLM's {config_class.__name__} has no field {', '.join(hints)}")
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -110,6 +183,14 @@ def convert(value: Any, text: str | None, tp: Any) -> Any:
             return None
         raise _Mismatch
     origin, args = get_origin(tp), get_args(tp)
+    if origin is Annotated:
+        converted = convert(value, text, args[0])
+        for extra in args[1:]:
+            if isinstance(extra, Bounds) and _is_number(converted) and not extra.allows(converted):
+                raise _Mismatch(f"vLLM's {extra.field} must be {extra}")
+            if isinstance(extra, ConfigKeys) and isinstance(converted, dict):
+                _check_keys(converted, extra.config_class)
+        return converted
     if origin in (Union, types.UnionType):
         # a config class sees a JSON object before a plain dict does (it checks the keys); a string
         # member takes the text verbatim, so it comes last
@@ -169,15 +250,10 @@ def convert(value: Any, text: str | None, tp: Any) -> Any:
                         or (type(member.value) is type(value) and member.value == value):
                     return member
             raise _Mismatch
-        fields = _config_fields(tp)
-        if fields is not None:
+        if _config_fields(tp) is not None:
             if not isinstance(value, dict):
                 raise _Mismatch
-            unknown = [k for k in value if k not in fields]
-            if unknown:
-                hints = [f"{k!r}" + (f" (did you mean {_closest(k, fields)!r}?)" if _closest(k, fields) else "")
-                         for k in unknown]
-                raise _Mismatch(f"vLLM's {tp.__name__} has no field {', '.join(hints)}")
+            _check_keys(value, tp)
             return value
         if issubclass(tp, os.PathLike) and isinstance(value, str):
             return value
@@ -194,6 +270,9 @@ def describe(tp: Any) -> str:
     if tp is None or tp is type(None):
         return "null"
     origin, args = get_origin(tp), get_args(tp)
+    if origin is Annotated:
+        bounds = [b for b in args[1:] if isinstance(b, Bounds)]
+        return describe(args[0]) + "".join(f" ({b.field} must be {b})" for b in bounds)
     if origin in (Union, types.UnionType):
         parts = []
         for member in sorted(args, key=lambda a: a is type(None)):

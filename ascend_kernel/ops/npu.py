@@ -115,12 +115,34 @@ class TorchNpuOps(TorchNpuMoEOps, TorchNpuMC2Ops):
         self._npu._npu_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox_style)
 
     def top_k_top_p(self, logits, k, p):
+        # npu_top_k_top_p documents vLLM's formula (stable ascending sort, keep >= k-th value, drop cumulative
+        # mass <= 1 - p, keep the last) and serves k in [1, 1024] with k <= vocab, p in [0, 1], both given.
+        # With p absent the reference top-k (exact, no sort) runs on device rather than the op with p = 1, which
+        # would also drop zero-probability tokens. Rows the op cannot serve (no top-k on a vocabulary over 1024,
+        # k over 1024, p outside [0, 1]) get the reference math on device, the others the op.
+        from ascend_kernel.ops import get_ops
+
+        top_k_limit = 1024
+        reference = get_ops("reference", "cpu")
         if k is None and p is None:
             return logits
-        if k is None or p is None:  # the fused op wants both; fill the missing one with a no-op value
-            k = k if k is not None else torch.full((logits.shape[0],), logits.shape[-1], device=logits.device)
-            p = p if p is not None else torch.ones(logits.shape[0], device=logits.device, dtype=logits.dtype)
-        return self._npu.npu_top_k_top_p(logits, p.to(logits.dtype), k.to(torch.int32))
+        if p is None:
+            return reference.top_k_top_p(logits, k, p)
+        vocab = logits.shape[-1]
+        if k is None:
+            k = torch.full((logits.shape[0],), vocab, dtype=torch.long, device=logits.device)
+        k = k.to(torch.long)
+        k = torch.where((k <= 0) | (k > vocab), vocab, k)  # vocab: no top-k for this row
+        servable = (k <= min(vocab, top_k_limit)) & (p >= 0) & (p <= 1)
+        if bool(servable.all()):
+            return self._npu.npu_top_k_top_p(logits, p.to(logits.dtype), k.to(torch.int32))
+        out = torch.empty_like(logits)
+        by_op, by_ref = servable.nonzero().squeeze(1), (~servable).nonzero().squeeze(1)
+        out[by_ref] = reference.top_k_top_p(logits[by_ref], k[by_ref], p[by_ref])
+        if by_op.numel():
+            out[by_op] = self._npu.npu_top_k_top_p(logits[by_op], p[by_op].to(logits.dtype),
+                                                   k[by_op].to(torch.int32))
+        return out
 
     def format_cast(self, tensor, acl_format):
         return self._npu.npu_format_cast(tensor, acl_format)

@@ -248,25 +248,43 @@ class ReferenceOps(ReferenceMoEOps, ReferenceMC2Ops):
             view[..., : cos.shape[-1] * 2] = new.to(x.dtype)
 
     def top_k_top_p(self, logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
-        """Mask (to -inf) every token outside a row's top ``k`` and outside its nucleus ``p``.
+        """Mask (to -inf) what vLLM's top-k/top-p filter drops; the kept entries keep their value.
 
-        The nucleus keeps, in descending order, each token whose preceding
-        probability mass (after top-k) is still below ``p``; the best token is
-        always kept.
+        Per row, ``k`` (None, or ``k <= 0`` / ``k >= vocab``: no top-k) keeps
+        every token not below the k-th largest value, ties included; ``p``
+        (None: no top-p) then drops, in ascending order of value, each token
+        whose running probability mass (over the top-k survivors, summed from
+        the smallest up) is at most ``1 - p``; the largest token always
+        survives. ``p = 1`` drops only tokens whose probability is exactly 0.
+        This is vLLM's ``apply_top_k_top_p`` and ``npu_top_k_top_p``'s
+        documented formula, computed the same way (one ascending sort of the
+        row, softmax and cumsum in the logits' dtype), so the kept set is the
+        same bit for bit on a given device; tokens tied across the top-p
+        boundary are ordered by ``torch.sort`` as in vLLM (``npu_top_k_top_p``
+        documents a stable sort: the lower token id is dropped first). With
+        ``p`` absent the top-k needs no sort. Returns a new tensor.
         """
         if k is None and p is None:
             return logits
-        ordered, order = logits.sort(dim=-1, descending=True)
-        keep = torch.ones_like(ordered, dtype=torch.bool)
+        vocab = logits.shape[-1]
         if k is not None:
-            ranks = torch.arange(ordered.shape[-1], device=logits.device)
-            keep &= ranks.unsqueeze(0) < k.to(torch.long).unsqueeze(1)
-        if p is not None:
-            probs = ordered.masked_fill(~keep, float("-inf")).softmax(dim=-1)
-            mass_before = probs.cumsum(dim=-1) - probs
-            keep &= mass_before < p.to(probs.dtype).unsqueeze(1)
-        keep[:, 0] = True
-        return logits.scatter(-1, order, ordered.masked_fill(~keep, float("-inf")))
+            k = k.to(torch.long)
+            k = torch.where((k <= 0) | (k > vocab), vocab, k)
+        if p is None:
+            # the k-th largest value per row from a partial top-k; k == vocab filters nothing
+            no_top_k = k == vocab
+            kth = logits.topk(int(k.masked_fill(no_top_k, 1).max()), dim=-1).values
+            kth = kth.gather(1, (k.masked_fill(no_top_k, 1) - 1).unsqueeze(1))
+            kth = kth.masked_fill(no_top_k.unsqueeze(1), float("-inf"))
+            return logits.masked_fill(logits < kth, float("-inf"))
+        ordered, order = logits.sort(dim=-1)  # ascending, as vLLM sorts
+        if k is not None:
+            kth = ordered.gather(1, (vocab - k).unsqueeze(1))
+            ordered = ordered.masked_fill(ordered < kth, float("-inf"))
+        mass = ordered.softmax(dim=-1).cumsum(dim=-1)
+        drop = mass <= (1 - p).unsqueeze(1)
+        drop[:, -1] = False  # the best token always survives
+        return logits.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
 
     def format_cast(self, tensor: torch.Tensor, acl_format: int) -> torch.Tensor:
         return tensor

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from ascend_kernel import kernel as kernel_mod
+from ascend_kernel.logs import wire_into_vllm
 from ascend_kernel.runner import kernel_runner
 
 
@@ -20,6 +21,7 @@ class KernelPlatformMixin:
 
     @classmethod
     def kernel_check_and_update_config(cls, vllm_config: Any, base: Callable[[Any], None]) -> None:
+        wire_into_vllm()  # the kernel's log records (and readable errors) through vLLM's logging
         parallel = vllm_config.parallel_config
         requested = SimpleNamespace(scheduler_config=copy.copy(vllm_config.scheduler_config),
                                     cache_config=copy.copy(vllm_config.cache_config))

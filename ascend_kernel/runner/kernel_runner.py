@@ -70,6 +70,8 @@ class KernelRunnerMixin:
         self.kernel_trace = StepTrace()
         self.kernel_kv_report = KVAllocationReport()
         self.kernel_attn_state: Any = None
+        self._kernel_with_prefill = False  # kernel_attn_state.is_prefill (False outside a step)
+        self._kernel_state_facts: tuple[Any, str, bool] = (None, "", False)
         # Per-step policies, bound once.
         self._decide_attn_state = plan.attention_state.decide
         self._select_moe_comm = plan.moe_comm.select
@@ -85,31 +87,36 @@ class KernelRunnerMixin:
 
     def _prepare_inputs(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray, *args: Any, **kwargs: Any):
         out = super()._prepare_inputs(scheduler_output, num_scheduled_tokens, *args, **kwargs)  # type: ignore[misc]
-        batch = self._step_batch(scheduler_output, num_scheduled_tokens)
-        state = self._decide_attn_state(batch)
-        self.kernel_attn_state = state
-        trace = self.kernel_trace
-        trace.steps += 1
-        trace.attention_states[state.name] += 1
+        self._kernel_step(scheduler_output, num_scheduled_tokens)
         return out
 
+    def _kernel_step(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray) -> None:
+        """The kernel's decisions for one scheduled step: the attention state, counted in the trace.
+
+        With :meth:`kernel_forward_extras` this is the kernel's whole per-step
+        cost (``bench/step_overhead.py`` times both inside a live engine).
+        """
+        state = self._decide_attn_state(self._step_batch(scheduler_output, num_scheduled_tokens))
+        self.kernel_attn_state = state
+        facts = self._kernel_state_facts
+        if state is not facts[0]:  # an enum's name and is_prefill cost ~1 us: looked up when the state changes
+            facts = self._kernel_state_facts = (state, state.name, bool(state.is_prefill))
+        self._kernel_with_prefill = facts[2]
+        trace = self.kernel_trace
+        trace.steps += 1
+        trace.attention_states[facts[1]] += 1
+
     def _step_batch(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray) -> StepBatch:
-        num_reqs = self.input_batch.num_reqs  # type: ignore[attr-defined]
-        scheduled = np.asarray(num_scheduled_tokens[:num_reqs])
-        seq_lens = self.input_batch.num_computed_tokens_cpu[:num_reqs] + scheduled  # type: ignore[attr-defined]
+        """The step's batch from what vLLM already computed (its facts are sums; see StepBatch.of_step)."""
+        batch = self.input_batch  # type: ignore[attr-defined]
         drafts = scheduler_output.scheduled_spec_decode_tokens
-        if drafts:
-            req_ids = self.input_batch.req_ids  # type: ignore[attr-defined]
-            num_draft = np.fromiter((len(drafts.get(r, ())) for r in req_ids[:num_reqs]), np.int64, num_reqs)
-            valid = scheduled - num_draft
-        else:
-            valid = scheduled
-        return StepBatch(num_reqs, seq_lens, scheduled, valid, int(scheduled.sum()))
+        return StepBatch.of_step(batch.num_reqs, batch.num_computed_tokens_cpu, num_scheduled_tokens,
+                                 scheduler_output.total_num_scheduled_tokens, drafts,
+                                 batch.req_ids if drafts else ())
 
     def kernel_forward_extras(self, num_tokens: int | None) -> dict[str, Any]:
         state = self.kernel_attn_state
-        with_prefill = bool(state is not None and state.is_prefill)
-        method = self._select_moe_comm(num_tokens or 0, with_prefill)
+        method = self._select_moe_comm(num_tokens or 0, self._kernel_with_prefill)
         if state is not None and method is not None:
             self.kernel_trace.moe_methods[method.name] += 1
         # dummy and profile runs (no attention state) still need a method, but are not counted
@@ -120,6 +127,7 @@ class KernelRunnerMixin:
             return super().execute_model(*args, **kwargs)  # type: ignore[misc]
         finally:
             self.kernel_attn_state = None  # dummy/profile runs see no stale state
+            self._kernel_with_prefill = False
 
     def _sample(self, *args: Any, **kwargs: Any):
         if kwargs.get("spec_decode_metadata", args[1] if len(args) > 1 else None) is None:

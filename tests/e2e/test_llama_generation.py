@@ -44,7 +44,7 @@ def test_kernel_plugins_did_the_work(kernel_run, tiny_llama):
     report = kernel_run["report"]
     families = [d["family"] for d in report["decisions"]]
     assert families.count("kv_cache") == 1
-    assert set(families) == {"attention_backend", "attention_state", "attention_mask", "moe_comm", "drafter",
+    assert set(families) == {"attention_backend", "attention_state", "attention_mask", "moe_comm", "moe_comm_method", "drafter",
                              "sampler", "rejection_sampler", "graph", "layer_ops", "kv_cache"}
     kv = report["kv_cache"]
     (usage,) = kv["layouts"]
@@ -72,7 +72,7 @@ def test_ngram_speculative_decoding_through_kernel(tiny_llama, oracle, kernel_ru
     records = {d["family"]: d for d in run["report"]["decisions"]}
     assert records["drafter"]["chosen"] == "ngram"
     assert records["drafter"]["plugin"] == "spec-decode-ngram"
-    assert records["rejection_sampler"]["chosen"] == "vllm-default"
+    assert records["rejection_sampler"]["chosen"] == "ascend-rejection"
     trace = run["report"]["trace"]
     assert run["report"]["drafter_class"] == "vllm.v1.spec_decode.ngram_proposer.NgramProposer"
     assert trace["drafter_calls"] > 0

