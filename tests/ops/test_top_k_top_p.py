@@ -14,36 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ascend_kernel.ops import get_ops
+from tests.sampling.cases import make_case, vllm_filter
 
 ops = get_ops("reference", "cpu")
 NEG_INF = float("-inf")
-
-
-def vllm_filter(logits, k, p, allow_cpu_sync=True):
-    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
-
-    return apply_top_k_top_p_pytorch(logits.clone(), k.clone() if k is not None else None, p, allow_cpu_sync)
-
-
-def make_case(seed: int, rows: int, vocab: int, kind: str, k_mode: str, p_mode: str, dtype=torch.float32):
-    """Logits (continuous, bf16-rounded or few repeated values) and per-row k/p mixing active and inactive rows."""
-    gen = torch.Generator().manual_seed(seed)
-    logits = torch.randn(rows, vocab, generator=gen, dtype=torch.float64) * (1 + seed % 5)
-    if kind == "bf16":
-        logits = logits.to(torch.bfloat16).to(torch.float64)
-    elif kind == "repeated":
-        logits = torch.randint(0, 6, (rows, vocab), generator=gen).to(torch.float64) / 2
-    logits = logits.to(dtype)
-    k = p = None
-    if k_mode != "none":
-        k = torch.randint(1, vocab + 1, (rows,), generator=gen, dtype=torch.int32)
-        if k_mode == "mixed":  # some rows without a top-k (vLLM passes the vocabulary size)
-            k[torch.rand(rows, generator=gen) < 0.4] = vocab
-    if p_mode != "none":
-        p = (torch.rand(rows, generator=gen) * 0.98 + 0.01).to(torch.float32)
-        if p_mode == "mixed":  # some rows without a top-p (vLLM passes 1.0)
-            p[torch.rand(rows, generator=gen) < 0.4] = 1.0
-    return logits, k, p
 
 
 MODES = st.sampled_from(["none", "all", "mixed"])
