@@ -32,7 +32,7 @@ from ascend_kernel.model_dirs import move_into_place, normalise_permissions, rea
 #: Architectures :func:`create_tiny_model` can build.
 SUPPORTED_ARCHS: tuple[str, ...] = (
     "llama", "deepseek_v2", "deepseek_v32", "deepseek_mtp", "qwen2_moe", "mamba2", "falcon_h1", "qwen3_next",
-    "gemma3n", "bert", "llama_eagle",
+    "gemma3n", "bert", "llama_eagle", "llama_eagle3",
 )
 
 #: Weight dtypes accepted for ``dtype`` (float32 is the one the tests compare in).
@@ -375,6 +375,47 @@ def _as_eagle_head(path: Path, config: Any, seed: int, dtype: Any) -> None:
     save_file({k: v.contiguous() for k, v in head.items()}, path, metadata={"format": "pt"})
 
 
+#: the tiny Llama's layers whose hidden states an EAGLE-3 head reads (vLLM's default assumes deeper models)
+EAGLE3_AUX_LAYERS = [0, 1]
+
+
+def _llama_eagle3_config(vocab_size: int) -> Any:
+    """An EAGLE-3 draft head for the tiny Llama: it reads the target's hidden states of several layers."""
+    config = _llama_eagle_config(vocab_size)
+    config.eagle_config = {"eagle_aux_hidden_state_layer_ids": EAGLE3_AUX_LAYERS}
+    return config
+
+
+def _as_eagle3_head(path: Path, config: Any, seed: int, dtype: Any) -> None:
+    """Rewrite a saved one-layer Llama into an EAGLE-3 head checkpoint, as vLLM's Eagle3Llama loads it.
+
+    EAGLE-3 fuses the target's hidden states of :data:`EAGLE3_AUX_LAYERS`
+    (``fc``: [hidden, layers * hidden]); its single decoder layer attends over
+    [token embedding; fused hidden] (q/k/v take 2 * hidden inputs) with a
+    ``hidden_norm`` beside the input norm; it has its own final ``norm`` and
+    ``lm_head`` and borrows the target's embedding.
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(path)
+    gen = torch.Generator().manual_seed(seed + 93)
+    hidden = config.hidden_size
+
+    def draw(*shape: int) -> Any:
+        return (torch.randn(*shape, generator=gen) * INIT_STD).to(dtype)
+
+    head = {name.removeprefix("model."): tensor for name, tensor in state.items()
+            if name.startswith("model.layers.0.") or name in ("model.norm.weight", "lm_head.weight")}
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        name = f"layers.0.self_attn.{proj}.weight"
+        head[name] = draw(head[name].shape[0], 2 * hidden)
+    head["layers.0.hidden_norm.weight"] = torch.ones(hidden, dtype=dtype)
+    head["fc.weight"] = draw(hidden, len(EAGLE3_AUX_LAYERS) * hidden)
+    path.unlink()
+    save_file({k: v.contiguous() for k, v in head.items()}, path, metadata={"format": "pt"})
+
+
 def _deepseek_mtp_config(vocab_size: int) -> Any:
     """DeepSeek-V3 (MLA, sigmoid-scored MoE with a correction bias) with one next-token-prediction layer.
 
@@ -602,11 +643,14 @@ _BUILDERS: dict[str, Callable[[int], Any]] = {
     "gemma3n": _gemma3n_config,
     "bert": _bert_config,
     "llama_eagle": _llama_eagle_config,
+    "llama_eagle3": _llama_eagle3_config,
 }
 assert tuple(_BUILDERS) == SUPPORTED_ARCHS
 
 #: draft heads: saved like their base model, then rewritten into the head's checkpoint layout
-DRAFT_HEAD_ARCHS: dict[str, Callable[[Path, Any, int, Any], None]] = {"llama_eagle": _as_eagle_head}
+DRAFT_HEAD_ARCHS: dict[str, Callable[[Path, Any, int, Any], None]] = {
+    "llama_eagle": _as_eagle_head, "llama_eagle3": _as_eagle3_head,
+}
 
 #: weights transformers' model class does not have, added to the checkpoint for vLLM
 _EXTRA_WEIGHTS: dict[str, Callable[[Any, int], dict[str, Any]]] = {

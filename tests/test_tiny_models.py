@@ -106,6 +106,11 @@ def test_draft_checkpoints_have_the_layouts_vllm_loads(built: dict[str, Path]) -
     assert eagle["fc.weight"].shape == (hidden, 2 * hidden)
     assert not any(k.startswith("model.") or "input_layernorm" in k or k.startswith("lm_head") for k in eagle)
     assert {k.split(".")[1] for k in eagle if k.startswith("layers.")} == {"0"}
+    eagle3 = load_file(built["llama_eagle3"] / "model.safetensors")
+    aux = json.loads((built["llama_eagle3"] / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert eagle3["fc.weight"].shape == (hidden, len(aux) * hidden)
+    assert eagle3["layers.0.self_attn.q_proj.weight"].shape[1] == 2 * hidden  # [embedding; fused hidden]
+    assert {"layers.0.hidden_norm.weight", "norm.weight", "lm_head.weight"} <= set(eagle3)
 
 
 def test_deepseek_v32_checkpoint_carries_an_indexer_per_layer(built: dict[str, Path]) -> None:

@@ -83,7 +83,7 @@ def draft_models(tmp_path_factory):
     from ascend_kernel.tiny_models import create_tiny_model
 
     base = tmp_path_factory.mktemp("draft_models")
-    return {arch: create_tiny_model(arch, base / arch) for arch in ("deepseek_mtp", "llama_eagle")}
+    return {arch: create_tiny_model(arch, base / arch) for arch in ("deepseek_mtp", "llama_eagle", "llama_eagle3")}
 
 
 @pytest.mark.parametrize("backend", ["vllm-native", "ascend"])
@@ -100,11 +100,13 @@ def test_mtp_layer_drafts_on_mla(draft_models, backend):
     assert kv == {"MLAAttentionSpec": "mla"}
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
 @pytest.mark.parametrize("backend", ["vllm-native", "ascend"])
-def test_eagle_head_drafts_and_verifies_as_chunked_prefill(tiny_llama, oracle, draft_models, backend):
+def test_eagle_head_drafts_and_verifies_as_chunked_prefill(tiny_llama, oracle, draft_models, backend, method):
+    """EAGLE-1 (embedding + last hidden state) and EAGLE-3 (hidden states of several target layers) heads."""
     env = clean_env(ASCEND_KERNEL_DEVICE="cpu", **(ASCEND if backend == "ascend" else {}))
-    run = generate(tiny_llama, *spec("eagle", str(draft_models["llama_eagle"]), k=2), env=env,
-                   max_tokens=MAX_TOKENS, prompts=PROMPTS)
+    head = draft_models["llama_eagle" if method == "eagle" else "llama_eagle3"]
+    run = generate(tiny_llama, *spec(method, str(head), k=2), env=env, max_tokens=MAX_TOKENS, prompts=PROMPTS)
     check(tiny_llama, run, oracle, "eagle", "spec-decode-eagle")
     # EAGLE's verification batches run the split-fuse kernel (the drafter's rule, not attention's)
     assert set(run["report"]["trace"]["attention_states"]) == {"PrefillNoCache", "ChunkedPrefill"}
