@@ -19,7 +19,9 @@ from ascend_kernel.config_changes import ConfigChange
 from ascend_kernel.device import Device, DeviceInfo, describe_device, resolve_device_kind
 from ascend_kernel.errors import PluginError, SelectionError
 from ascend_kernel.plugin_manager import KernelPluginManager
-from ascend_kernel.registry import Candidate, DecisionRecord, Implementation, check_unique_names, choose
+from ascend_kernel.registry import (
+    Candidate, DecisionRecord, Implementation, check_unique_names, choose, evaluate_support,
+)
 from ascend_kernel.settings import KernelSettings, load_settings
 
 logger = logging.getLogger("ascend_kernel")
@@ -173,7 +175,7 @@ class Kernel:
         built: dict[str, Any] = {}
         candidates = []
         for entry in entries:
-            reason = entry.supports(ctx)
+            reason = evaluate_support(entry, ctx)
             if reason is None:
                 obj = entry.build(ctx)
                 for key in (entry.name, *entry.aliases):

@@ -138,7 +138,8 @@ def check_unique_names(family: str, entries: Sequence[Implementation]) -> None:
         )
 
 
-def _evaluate(entry: Implementation, ctx: Any) -> str | None:
+def evaluate_support(entry: Implementation, ctx: Any) -> str | None:
+    """``entry.supports(ctx)``; a check that raises is a PluginError naming the plugin and entry point."""
     try:
         return entry.supports(ctx)
     except Exception as exc:  # noqa: BLE001
@@ -162,7 +163,7 @@ def choose(
     entries = list(entries)
     check_unique_names(family, entries)
     what = f"{family} for {subject}" if subject else family
-    reasons = {entry.name: _evaluate(entry, ctx) for entry in entries}
+    reasons = {entry.name: evaluate_support(entry, ctx) for entry in entries}
 
     if forced is not None:
         match = next((e for e in entries if forced in (e.name, *e.aliases)), None)

@@ -48,3 +48,8 @@ def _provider(name: str) -> Any:
 def get_ops(setting: str = "auto", device_kind: str = "cpu") -> Any:
     """The ops provider for a device and an ``ops_provider`` setting (one instance per provider)."""
     return _provider(provider_name(setting, device_kind))
+
+
+def ops_for(ctx: Any) -> Any:
+    """The ops provider a plugin factory's selection context asks for (its settings and device)."""
+    return get_ops(ctx.settings.ops_provider, ctx.device.kind)

@@ -24,6 +24,7 @@ vLLM's own step runs unchanged.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -70,14 +71,10 @@ def _topk_topp_class() -> type:
     return FastTopKTopPSampler
 
 
-_CLASS: list[type] = []
-
-
+@functools.cache
 def fast_topk_topp_class() -> type:
     """FastTopKTopPSampler (defined on first use, so importing this module does not import vLLM)."""
-    if not _CLASS:
-        _CLASS.append(_topk_topp_class())
-    return _CLASS[0]
+    return _topk_topp_class()
 
 
 class FastCpuSampler:

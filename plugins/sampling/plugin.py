@@ -49,9 +49,9 @@ class SeamTopKTopPSampler:
 
     @classmethod
     def from_context(cls, ctx: Any) -> SeamTopKTopPSampler:
-        from ascend_kernel.ops import get_ops
+        from ascend_kernel.ops import ops_for
 
-        return cls(get_ops(ctx.settings.ops_provider, ctx.device.kind))
+        return cls(ops_for(ctx))
 
     def build(self, vllm_config: Any) -> Any:
         from vllm.v1.sample.ops.topk_topp_sampler import random_sample

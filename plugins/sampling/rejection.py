@@ -28,6 +28,7 @@ Penalties, bad words, logits processors and logprobs are vLLM's own code.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Any
 
@@ -104,14 +105,10 @@ def _rejection_sampler_class() -> type:
     return SeamRejectionSampler
 
 
-_CLASS: list[type] = []
-
-
+@functools.cache
 def seam_rejection_sampler_class() -> type:
     """SeamRejectionSampler (defined on first use, so importing this module does not import vLLM)."""
-    if not _CLASS:
-        _CLASS.append(_rejection_sampler_class())
-    return _CLASS[0]
+    return _rejection_sampler_class()
 
 
 def _draft_counts(cu_num_draft_tokens: torch.Tensor) -> torch.Tensor:
@@ -237,9 +234,9 @@ class SeamRejectionSamplerBuilder:
 
     @classmethod
     def from_context(cls, ctx: Any) -> SeamRejectionSamplerBuilder:
-        from ascend_kernel.ops import get_ops
+        from ascend_kernel.ops import ops_for
 
-        return cls(get_ops(ctx.settings.ops_provider, ctx.device.kind))
+        return cls(ops_for(ctx))
 
     def build(self, sampler: Any, vllm_config: Any, device: Any) -> Any:
         return seam_rejection_sampler_class()(sampler, self.ops)

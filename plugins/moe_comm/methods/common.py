@@ -11,9 +11,9 @@ from ascend_kernel_plugins.moe_comm.parallel import MoEParallel, gather_sizes
 
 
 def seam_ops(ctx: Any) -> Any:
-    from ascend_kernel.ops import get_ops
+    from ascend_kernel.ops import ops_for
 
-    return get_ops(ctx.settings.ops_provider, ctx.device.kind)
+    return ops_for(ctx)
 
 
 def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:

@@ -95,9 +95,9 @@ class DemoPolicy:
 
 
 def _ops(ctx: Any) -> Any:
-    from ascend_kernel.ops import get_ops
+    from ascend_kernel.ops import ops_for
 
-    return get_ops(ctx.settings.ops_provider, ctx.device.kind)
+    return ops_for(ctx)
 
 
 @hookimpl
