@@ -116,8 +116,10 @@ class StepTrace:
     sampler_calls: int = 0
     rejection_sampler_calls: int = 0
     drafter_calls: int = 0
-    #: counters plugins keep per step (e.g. ``moe_tokens`` per method), by counter then key
+    #: counters plugins keep per step (e.g. ``moe_fallbacks`` per method), by counter then key
     counters: dict[str, Counter] = field(default_factory=dict)
+    #: the same for amounts that live on the device (e.g. ``moe_tokens``): summed there, read when reported
+    device_counters: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def count(self, counter: str, key: str, amount: int = 1) -> None:
         """Add ``amount`` to ``counter[key]`` (a plugin's per-step fact; one dict update)."""
@@ -125,6 +127,27 @@ class StepTrace:
         if bucket is None:
             bucket = self.counters[counter] = Counter()
         bucket[key] += amount
+
+    def count_on_device(self, counter: str, key: str, amount: Any) -> None:
+        """Add a 0-d tensor to ``counter[key]`` without reading it.
+
+        Reading a device tensor in the step (``int(t)``) waits for the device:
+        on an NPU that is a host sync per call. The sum stays on the device
+        until :meth:`as_dict` reads it, once per report.
+        """
+        bucket = self.device_counters.get(counter)
+        if bucket is None:
+            bucket = self.device_counters[counter] = {}
+        total = bucket.get(key)
+        bucket[key] = amount.detach().clone() if total is None else total.add_(amount)
+
+    def _merged_counters(self) -> dict[str, dict[str, int]]:
+        merged = {name: dict(bucket) for name, bucket in self.counters.items()}
+        for name, bucket in self.device_counters.items():
+            target = merged.setdefault(name, {})
+            for key, total in bucket.items():
+                target[key] = target.get(key, 0) + int(total)
+        return merged
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -134,5 +157,5 @@ class StepTrace:
             "sampler_calls": self.sampler_calls,
             "rejection_sampler_calls": self.rejection_sampler_calls,
             "drafter_calls": self.drafter_calls,
-            **{name: dict(bucket) for name, bucket in sorted(self.counters.items())},
+            **dict(sorted(self._merged_counters().items())),
         }

@@ -1,31 +1,45 @@
-"""Decode-step time of the kernel runner vs stock vLLM-CPU, same tiny model, resolved to about 1 %.
+"""Decode-step time of the kernel runner vs stock vLLM-CPU, same tiny model, with an honest 95 % interval.
 
-Both engines stay alive for the whole run, each in its own process (vLLM
-fixes its platform per process), and take turns: for each batch size, block
-pairs stock, kernel, stock, kernel, ... (``--pairs``, default 300). A block is
-one greedy ``generate()`` of ``batch`` prompts (``--tokens`` 10: nine decode
-steps, so a pair spans ~50 ms and both blocks of a pair see the same host
-load; many short pairs resolve ~1 % on a busy shared host where long blocks
-do not); the time of each decode step
-is taken inside the engine, from the runner's ``execute_model`` entry to its
-``sample_tokens`` exit (a wrapper installed on the live runner through
-``collective_rpc``), for steps where every request decodes one token. A
-block's value is the 10th percentile of its steps (``--block-quantile``:
-other processes on the host only ever add time, so the low end is the
-undisturbed step); a pair's ratio is kernel / stock. Printed
-per batch size: the median ratio over pairs with a 95 % bootstrap interval
-(pairs resampled), and the kernel's own per-step decision cost
-(``_kernel_step`` + ``kernel_forward_extras``): ``decision_us`` runs the live
-runner's methods in a loop on a decode batch of that size (synthetic batches
-up to 256 as well), ``decision_us_in_step`` times them inside real decode
-steps on separate blocks (so no timer sits in the compared steps), next to
-what an empty Python call costs at the same place (``empty_call_us_in_step``:
-caches are cold after the model's forward and other processes share the
-cores). Last, the kernel's start-up time for plugin discovery plus selection.
-Both engines run with ``OMP_NUM_THREADS=1`` (``--threads``), pinned to one and the same CPU (``--cpu``),
-so that neither process holds a quieter core for the whole run.
+**Across processes** (the headline ``ratio``): a *launch* starts one stock
+and one kernel engine, each in its own process (vLLM fixes its platform per
+process), both alive for the launch; for each batch size they take turns
+block by block (``--pairs`` per launch, order flipped every pair: ABBA). A
+block is one greedy ``generate()`` of ``batch`` prompts (``--tokens`` 10:
+nine decode steps, ~25 ms, so both blocks of a pair see the same host load);
+each decode step is timed inside the engine, from the runner's
+``execute_model`` entry to its ``sample_tokens`` exit (a wrapper put on the
+live runner through ``collective_rpc``), for steps where every request decodes
+one token. A block's value is the 10th percentile of its steps
+(``--block-quantile``: other processes only ever add time); a pair's ratio is
+kernel / stock. Printed per batch size: the median pair ratio and its 95 %
+interval from a two-level bootstrap (launches, then pairs within them).
 
-    .venv/bin/python bench/step_overhead.py --model .cache/tiny-models/llama-seed0 [--json]
+Why launches: two processes of the *same* engine differ by a few per cent for
+the whole of their lives (memory placement; ``--calibrate`` runs stock
+against stock and shows it: on a 2-core VM, launch medians spread 0.94-1.06
+while each launch's own interval is ~1 % wide). One launch with many pairs
+would measure that accident precisely; only many launches average it out,
+and the interval must resample them. Every launch lays its processes out
+anew (hash seed, environment size) and starts both side by side; both are
+then pinned to one CPU (``--cpu``, ``OMP_NUM_THREADS=1`` via ``--threads``).
+
+**Inside one process** (``seams_ratio``): the kernel engine alone, blocks with
+its per-step seams on and off (``--seam-pairs`` per launch, ABBA; off runs the
+base runner's ``execute_model``, ``_prepare_inputs``, ``_sample`` and
+``propose_draft_token_ids`` and adds nothing to the forward context, which for
+the default CPU plan is stock vLLM's step; the tokens must not change). Same
+process, same layout: this resolves the kernel's own per-step code to a few
+tenths of a per cent, which the cross-process ratio cannot.
+
+Also printed: the per-step decision cost (``_kernel_step`` +
+``kernel_forward_extras``): ``decision_us`` runs the live runner's methods in
+a loop on a decode batch of that size (synthetic batches up to 256 too),
+``decision_us_in_step`` times them inside real decode steps (separate blocks,
+timers only there) next to an empty call at the same place
+(``empty_call_us_in_step``: caches are cold after the model's forward); and
+the kernel's start-up time for plugin discovery plus selection.
+
+    .venv/bin/python bench/step_overhead.py --model .cache/tiny-models/llama-seed0 [--json] [--calibrate]
 """
 
 from __future__ import annotations
@@ -55,12 +69,13 @@ def _install_step_timer(worker: Any) -> bool:
         return True
     runner._bench_steps = []
     runner._bench_open = None
-    execute, sample = runner.execute_model, runner.sample_tokens
+    runner._bench_execute = runner.execute_model  # _kernel_seams swaps this for the base class's
+    sample = runner.sample_tokens
     clock = time.perf_counter_ns
 
     def timed_execute(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         started = clock()
-        out = execute(scheduler_output, *args, **kwargs)
+        out = runner._bench_execute(scheduler_output, *args, **kwargs)
         n = len(scheduler_output.num_scheduled_tokens)
         decode = (n > 0 and not scheduler_output.scheduled_new_reqs
                   and scheduler_output.total_num_scheduled_tokens == n)
@@ -82,6 +97,42 @@ def _install_step_timer(worker: Any) -> bool:
     return True
 
 
+def _kernel_seams(worker: Any, on: bool) -> str:
+    """Kernel only: switch the runner's per-step seams off (the base runner's methods) or back on.
+
+    Off, a step runs vLLM's own ``execute_model``, ``_prepare_inputs``,
+    ``_sample`` and ``propose_draft_token_ids``, and the platform adds nothing
+    to the forward context: for a plan whose every choice is vLLM's own (the
+    default plan on CPU for a plain decoder: vLLM's attention, layer ops and
+    sampler class), that is stock vLLM's step in this very process. Blocks with
+    the seams on and off then differ by the kernel's per-step code alone, free
+    of the per-process layout effect that separates two processes (see
+    ``--calibrate``). Returns the base runner class used.
+    """
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import Platform
+
+    from ascend_kernel.runner.kernel_runner import KernelRunnerMixin
+
+    runner = worker.model_runner
+    mro = type(runner).__mro__
+    base = mro[mro.index(KernelRunnerMixin) + 1]
+    platform = type(current_platform)
+    seams = ("_prepare_inputs", "_sample", "propose_draft_token_ids")
+    if on:
+        for name in seams:
+            runner.__dict__.pop(name, None)
+        runner._bench_execute = type(runner).execute_model.__get__(runner)
+        if "set_additional_forward_context" in platform.__dict__:
+            delattr(platform, "set_additional_forward_context")  # back to the kernel platform's
+    else:
+        for name in seams:
+            setattr(runner, name, getattr(base, name).__get__(runner))
+        runner._bench_execute = base.execute_model.__get__(runner)
+        platform.set_additional_forward_context = Platform.__dict__["set_additional_forward_context"]
+    return base.__name__
+
+
 def _take_steps(worker: Any) -> list[tuple[int, bool, int]]:
     steps, worker.model_runner._bench_steps = worker.model_runner._bench_steps, []
     return steps
@@ -91,16 +142,23 @@ def _noop(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-def _install_decision_timer(worker: Any) -> bool:
-    """Kernel only: ns spent in the kernel's per-step methods, summed per step (while the timer is on).
+def _decision_timer(worker: Any, on: bool) -> list[list[int]]:
+    """Kernel only: put timers around the kernel's per-step methods (``on``), or take them off and return them.
 
-    Each step also times one call of an empty function at the same place (the
-    floor any Python call pays there: caches cold after the model's forward,
-    other processes on the cores), recorded as the pair (decision, empty call).
+    The timers sit on the live runner only during decision blocks, so the
+    compared blocks run the kernel exactly as shipped. Per step they record the
+    ns spent in ``_kernel_step`` + ``kernel_forward_extras``, and the ns of one
+    call of an empty function at the same place (the floor any Python call
+    pays there: caches cold after the model's forward, other processes on the
+    cores), as the pair (decision, empty call).
     """
     runner = worker.model_runner
+    if not on:
+        for name in ("_kernel_step", "kernel_forward_extras"):
+            runner.__dict__.pop(name, None)  # back to the class's methods
+        taken, runner._bench_decision = getattr(runner, "_bench_decision", []), []
+        return taken
     runner._bench_decision = []
-    runner._bench_decision_on = False
     step, extras = type(runner)._kernel_step, type(runner).kernel_forward_extras
     clock = time.perf_counter_ns
 
@@ -109,26 +167,18 @@ def _install_decision_timer(worker: Any) -> bool:
         _noop(*args, **kwargs)
         middle = clock()
         out = step(runner, *args, **kwargs)
-        if runner._bench_decision_on:
-            runner._bench_decision.append([clock() - middle, middle - started])
+        runner._bench_decision.append([clock() - middle, middle - started])
         return out
 
     def timed_extras(*args: Any, **kwargs: Any) -> Any:
         started = clock()
         out = extras(runner, *args, **kwargs)
-        if runner._bench_decision_on and runner._bench_decision and runner.kernel_attn_state is not None:
+        if runner._bench_decision and runner.kernel_attn_state is not None:
             runner._bench_decision[-1][0] += clock() - started
         return out
 
     runner._kernel_step, runner.kernel_forward_extras = timed_step, timed_extras
-    return True
-
-
-def _decision_timer(worker: Any, on: bool) -> list[list[int]]:
-    runner = worker.model_runner
-    runner._bench_decision_on = on
-    taken, runner._bench_decision = runner._bench_decision, []
-    return taken
+    return []
 
 
 def _synthetic_decision_us(worker: Any, batches: list[int], loops: int) -> dict[str, dict[str, float]]:
@@ -154,7 +204,7 @@ def _synthetic_decision_us(worker: Any, batches: list[int], loops: int) -> dict[
                 runner.input_batch = SimpleNamespace(num_reqs=b, num_computed_tokens_cpu=computed,
                                                      req_ids=[str(i) for i in range(b)])
                 so = SimpleNamespace(scheduled_spec_decode_tokens={}, total_num_scheduled_tokens=total)
-                # the class's methods, bound: not the timing wrappers _install_decision_timer put on the instance
+                # the class's methods, bound (whatever sits on the instance)
                 step = type(runner)._kernel_step.__get__(runner)
                 extras = type(runner).kernel_forward_extras.__get__(runner)
                 best = float("inf")
@@ -174,20 +224,22 @@ def _synthetic_decision_us(worker: Any, batches: list[int], loops: int) -> dict[
 
 def engine_main(variant: str, model: str, max_batch: int, cpu: int | None) -> int:
     """One engine; commands as JSON lines on stdin, answers as JSON lines on the original stdout."""
-    if cpu is not None:
-        os.sched_setaffinity(0, {cpu})  # both engines on one CPU: neither gets a quieter core
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # vLLM logs to stdout: keep that for stderr
     sys.stdout = sys.stderr
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model, dtype="float32", max_model_len=512, enforce_eager=True, seed=0, max_num_seqs=max_batch)
+    if cpu is not None:
+        # Both engines on one CPU, so that neither holds a quieter core. Pinned once started: the
+        # two start-ups of a launch run side by side on all CPUs. Every thread, vLLM's included.
+        for tid in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(tid), {cpu})
     llm.collective_rpc(_install_step_timer)
     ready: dict[str, Any] = {"variant": variant}
     if variant == "kernel":
         report = llm.collective_rpc("ascend_kernel_report")[0]
         ready["startup_ms"] = report.get("startup_ms", {})
-        llm.collective_rpc(_install_decision_timer)
     answers.write(json.dumps(ready) + "\n")
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -198,13 +250,16 @@ def engine_main(variant: str, model: str, max_batch: int, cpu: int | None) -> in
                                                         args=(cmd["batches"], cmd["loops"]))[0]) + "\n")
             continue
         b, tokens = cmd["batch"], cmd["tokens"]
+        if "seams" in cmd:
+            llm.collective_rpc(_kernel_seams, args=(cmd["seams"],))
         if cmd.get("decision"):
             llm.collective_rpc(_decision_timer, args=(True,))
         llm.collective_rpc(_take_steps)
         params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
-        llm.generate([f"{PROMPT} {i}" for i in range(b)], params, use_tqdm=False)
+        outputs = llm.generate([f"{PROMPT} {i}" for i in range(b)], params, use_tqdm=False)
         steps = llm.collective_rpc(_take_steps)[0]
-        answer: dict[str, Any] = {"steps_ns": [ns for n, decode, ns in steps if decode and n == b]}
+        answer: dict[str, Any] = {"steps_ns": [ns for n, decode, ns in steps if decode and n == b],
+                                  "tokens": [list(o.outputs[0].token_ids) for o in outputs]}
         if cmd.get("decision"):
             answer["decision_ns"] = llm.collective_rpc(_decision_timer, args=(False,))[0]
         answers.write(json.dumps(answer) + "\n")
@@ -215,10 +270,14 @@ def engine_main(variant: str, model: str, max_batch: int, cpu: int | None) -> in
 
 
 class Engine:
-    def __init__(self, variant: str, args: argparse.Namespace, log: Path) -> None:
+    def __init__(self, variant: str, args: argparse.Namespace, log: Path, rng: random.Random) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_KERNEL_")}
         env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1",
                    TRANSFORMERS_OFFLINE="1")
+        # Every launch lays the process out anew (hash seed, environment size, hence the stack), so
+        # that a lucky or unlucky layout is one sample among the launches, not the result.
+        env["PYTHONHASHSEED"] = str(rng.randrange(1 << 32))
+        env["STEP_OVERHEAD_LAYOUT_PAD"] = "x" * rng.randrange(4096)
         if args.threads:
             env["OMP_NUM_THREADS"] = str(args.threads)
         if variant == "kernel":
@@ -230,6 +289,9 @@ class Engine:
             [sys.executable, __file__, "--model", args.model, "--engine", variant,
              "--max-batch", str(max(args.sizes)), "--cpu", str(args.cpu)],
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(log, "wb"), text=True, bufsize=1)
+        self.ready: dict[str, Any] = {}
+
+    def wait_ready(self) -> None:
         self.ready = self._read()
 
     def _read(self) -> dict[str, Any]:
@@ -263,54 +325,123 @@ def block_time(steps_ns: list[int], quantile: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def bootstrap_median(values: list[float], rounds: int, seed: int = 0) -> tuple[float, float]:
+def bootstrap_median(launches: list[list[float]], rounds: int, seed: int = 0) -> tuple[float, float]:
+    """95 % interval of the median pair ratio, resampling launches, then pairs within each drawn launch.
+
+    Two levels, because pairs of one launch share that launch's process layout:
+    resampling pairs alone would treat a layout's bias as if it were measured
+    many times over, and give an interval far too narrow.
+    """
     rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(rounds))
+    medians = []
+    for _ in range(rounds):
+        pooled: list[float] = []
+        for ratios in rng.choices(launches, k=len(launches)):
+            pooled += rng.choices(ratios, k=len(ratios))
+        medians.append(statistics.median(pooled))
+    medians.sort()
     return medians[int(0.025 * rounds)], medians[min(rounds - 1, int(0.975 * rounds))]
 
 
-def drive(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    stock = Engine("stock", args, workdir / "stock.log")
-    kernel = Engine("kernel", args, workdir / "kernel.log")
+def seams_summary(per_launch: list[list[float]], rounds: int) -> dict[str, Any]:
+    """The in-process comparison (seams on / off in one kernel engine): median ratio and its interval.
+
+    Pairs are resampled across all launches: the two sides of a pair share one
+    process, so no launch-level effect separates them.
+    """
+    pooled = [r for ratios in per_launch for r in ratios]
+    if not pooled:
+        return {}
+    low, high = bootstrap_median([pooled], rounds)
+    return {"seams_ratio": statistics.median(pooled), "seams_low": low, "seams_high": high,
+            "seams_pairs": len(pooled)}
+
+
+def run_launch(args: argparse.Namespace, workdir: Path, rng: random.Random, measure_decision: bool) -> dict[str, Any]:
+    """One launch: fresh stock and kernel processes, ``args.pairs`` ABBA block pairs per batch size."""
+    stock = Engine("stock", args, workdir / "stock.log", rng)
+    # --calibrate: the second engine is stock vLLM as well, so the ratio shows the bench's own bias
+    kernel = Engine("stock" if args.calibrate else "kernel", args, workdir / "kernel.log", rng)
+    out: dict[str, Any] = {"ratios": {}, "stock_ms": {}, "kernel_ms": {}, "decision": {}, "raw": {}}
     try:
+        stock.wait_ready()
+        kernel.wait_ready()
         for b in args.sizes:  # warm-up: every batch shape once in each engine
             stock.ask(cmd="block", batch=b, tokens=args.tokens)
             kernel.ask(cmd="block", batch=b, tokens=args.tokens)
-        result: dict[str, Any] = {}
-        raw: dict[str, list[list[list[int]]]] = {}
         for b in args.sizes:
-            ratios, stock_ms, kernel_ms = [], [], []
-            for _ in range(args.pairs):
-                s_steps = stock.ask(cmd="block", batch=b, tokens=args.tokens)["steps_ns"]
-                k_steps = kernel.ask(cmd="block", batch=b, tokens=args.tokens)["steps_ns"]
-                raw.setdefault(str(b), []).append([s_steps, k_steps])
+            ratios, stock_ms, kernel_ms, raw = [], [], [], []
+            for i in range(args.pairs):
+                # ABBA: the order flips every pair, so whatever the second block of a pair pays cancels out
+                if i % 2 == 0:
+                    s_steps = stock.ask(cmd="block", batch=b, tokens=args.tokens)["steps_ns"]
+                    k_steps = kernel.ask(cmd="block", batch=b, tokens=args.tokens)["steps_ns"]
+                else:
+                    k_steps = kernel.ask(cmd="block", batch=b, tokens=args.tokens)["steps_ns"]
+                    s_steps = stock.ask(cmd="block", batch=b, tokens=args.tokens)["steps_ns"]
+                raw.append([s_steps, k_steps])
                 s, k = block_time(s_steps, args.block_quantile) / 1e6, block_time(k_steps, args.block_quantile) / 1e6
                 stock_ms.append(s)
                 kernel_ms.append(k)
                 ratios.append(k / s)
+            seam_ratios: list[float] = []
+            for i in range(0 if args.calibrate else args.seam_pairs):
+                # the kernel engine alone, per-step seams on vs off (ABBA); tokens must not change
+                order = (True, False) if i % 2 == 0 else (False, True)
+                blocks = {on: kernel.ask(cmd="block", batch=b, tokens=args.tokens, seams=on) for on in order}
+                if blocks[True]["tokens"] != blocks[False]["tokens"]:
+                    raise SystemExit(f"batch {b}: the kernel's tokens change with its per-step seams off")
+                seam_ratios.append(block_time(blocks[True]["steps_ns"], args.block_quantile)
+                                   / block_time(blocks[False]["steps_ns"], args.block_quantile))
+            out.setdefault("seam_ratios", {})[b] = seam_ratios
             decision = []
-            for _ in range(args.decision_blocks):
+            for _ in range(args.decision_blocks if measure_decision else 0):
                 decision += kernel.ask(cmd="block", batch=b, tokens=args.tokens, decision=True)["decision_ns"]
-            low, high = bootstrap_median(ratios, args.bootstrap)
-            result[str(b)] = {"ratio": statistics.median(ratios), "low": low, "high": high,
-                              "stock_step_ms": statistics.median(stock_ms),
-                              "kernel_step_ms": statistics.median(kernel_ms), "pairs": args.pairs,
-                              "block_quantile": args.block_quantile,
-                              "decision_us_in_step": statistics.median(d for d, _ in decision) / 1e3,
-                              "empty_call_us_in_step": statistics.median(e for _, e in decision) / 1e3}
-        batches = sorted(set(SYNTHETIC_BATCHES) | set(args.sizes))
-        synthetic = kernel.ask(cmd="synthetic", batches=batches, loops=args.synthetic_loops)
-        for b in args.sizes:
-            result[str(b)]["decision_us"] = synthetic[str(b)]["decode"]
-        startup = kernel.ready.get("startup_ms", {})
+            out["ratios"][b], out["stock_ms"][b], out["kernel_ms"][b] = ratios, stock_ms, kernel_ms
+            out["decision"][b], out["raw"][b] = decision, raw
+        out["synthetic"] = {}
+        if measure_decision:
+            batches = sorted(set(SYNTHETIC_BATCHES) | set(args.sizes))
+            out["synthetic"] = kernel.ask(cmd="synthetic", batches=batches, loops=args.synthetic_loops)
+        out["startup"] = kernel.ready.get("startup_ms", {})
     finally:
         stock.close()
         kernel.close()
+    return out
+
+
+def drive(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    launches = []
+    for n in range(args.launches):
+        launches.append(run_launch(args, workdir, rng, measure_decision=n == 0 and not args.calibrate))
+        print(f"launch {n + 1}/{args.launches}: median kernel/stock " + ", ".join(
+            f"batch {b}: {statistics.median(launches[-1]['ratios'][b]):.4f}" for b in args.sizes),
+            file=sys.stderr, flush=True)  # progress (stderr, so --json stays one document)
+    first = launches[0]
+    result: dict[str, Any] = {}
+    for b in args.sizes:
+        per_launch = [launch["ratios"][b] for launch in launches]
+        low, high = bootstrap_median(per_launch, args.bootstrap)
+        decision = first["decision"][b]
+        result[str(b)] = {
+            "ratio": statistics.median(r for ratios in per_launch for r in ratios), "low": low, "high": high,
+            "launch_ratios": [statistics.median(r) for r in per_launch],
+            "stock_step_ms": statistics.median(x for launch in launches for x in launch["stock_ms"][b]),
+            "kernel_step_ms": statistics.median(x for launch in launches for x in launch["kernel_ms"][b]),
+            "pairs": args.pairs, "launches": args.launches, "block_quantile": args.block_quantile,
+            **seams_summary([launch["seam_ratios"][b] for launch in launches], args.bootstrap),
+            "decision_us": first["synthetic"][str(b)]["decode"] if first["synthetic"] else 0.0,
+            "decision_us_in_step": statistics.median(d for d, _ in decision) / 1e3 if decision else 0.0,
+            "empty_call_us_in_step": statistics.median(e for _, e in decision) / 1e3 if decision else 0.0,
+        }
     if args.dump:
-        Path(args.dump).write_text(json.dumps(raw))
+        Path(args.dump).write_text(json.dumps([{str(b): launch["raw"][b] for b in args.sizes} for launch in launches]))
+    startup = first["startup"]
     result["startup_ms"] = startup.get("discovery", 0.0) + startup.get("selection", 0.0)
     result["startup_detail_ms"] = startup
-    result["decision_us_synthetic"] = synthetic
+    result["decision_us_synthetic"] = first["synthetic"]
+    result["calibration"] = bool(args.calibrate)
     return result
 
 
@@ -319,7 +450,13 @@ def main() -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--batch-sizes", default="1,8,32")
     ap.add_argument("--tokens", type=int, default=10, help="tokens per request per block (decode steps = tokens-1)")
-    ap.add_argument("--pairs", type=int, default=300, help="stock/kernel block pairs per batch size (>= 20)")
+    ap.add_argument("--launches", type=int, default=20,
+                    help="fresh stock + kernel process pairs, each laid out anew (default 8)")
+    ap.add_argument("--pairs", type=int, default=20,
+                    help="stock/kernel block pairs per batch size and launch (default 20)")
+    ap.add_argument("--seam-pairs", type=int, default=20,
+                    help="per launch and batch size: kernel blocks with per-step seams on / off, paired (default 20)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the launches' layouts and of the bootstrap")
     ap.add_argument("--block-quantile", type=float, default=0.1,
                     help="a block's step time is this quantile of its decode steps (default 0.1; 0.5: the median)")
     ap.add_argument("--decision-blocks", type=int, default=10, help="kernel blocks timing the decision cost")
@@ -328,6 +465,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="OMP_NUM_THREADS of both engines (default 1: fewer threads contend on a shared host; "
                     "0 leaves vLLM's default)")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="A/A run: stock vLLM against itself, same protocol; the ratio's interval should hold 1")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--dump", metavar="FILE", help="write every block's decode-step times (ns) as JSON")
     ap.add_argument("--engine", choices=["kernel", "stock"], help=argparse.SUPPRESS)
@@ -345,15 +484,26 @@ def main() -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"decode step inside the engine, {args.pairs} alternating block pairs per batch size, "
+    if args.calibrate:
+        print("CALIBRATION (A/A): the 'kernel' column is a second stock vLLM engine")
+    print(f"decode step inside the engine, {args.launches} launches x {args.pairs} alternating block pairs per batch size, "
           f"{args.tokens - 1} decode steps per block, block time = their {args.block_quantile:g} quantile")
     print(f"{'batch':>5}  {'stock ms':>9}  {'kernel ms':>9}  {'kernel/stock':>12}  {'95% interval':>17}  "
-          f"{'decision us':>11}  {'in step':>8}  {'empty call in step':>18}")
+          f"{'launch medians':>14}")
     for b in args.sizes:
         r = result[str(b)]
+        spread = f"{min(r['launch_ratios']):.3f}-{max(r['launch_ratios']):.3f}"
         print(f"{b:>5}  {r['stock_step_ms']:>9.3f}  {r['kernel_step_ms']:>9.3f}  {r['ratio']:>12.4f}  "
-              f"[{r['low']:.4f}, {r['high']:.4f}]  {r['decision_us']:>11.2f}  {r['decision_us_in_step']:>8.2f}  "
-              f"{r['empty_call_us_in_step']:>18.2f}")
+              f"[{r['low']:.4f}, {r['high']:.4f}]  {spread:>14}")
+    if args.calibrate:
+        return 0
+    print(f"inside one kernel process, per-step seams on / off ({args.seam_pairs} pairs per launch):")
+    print(f"{'batch':>5}  {'on/off':>8}  {'95% interval':>17}  {'decision us':>11}  {'in step':>8}  "
+          f"{'empty call in step':>18}")
+    for b in args.sizes:
+        r = result[str(b)]
+        print(f"{b:>5}  {r['seams_ratio']:>8.4f}  [{r['seams_low']:.4f}, {r['seams_high']:.4f}]  "
+              f"{r['decision_us']:>11.2f}  {r['decision_us_in_step']:>8.2f}  {r['empty_call_us_in_step']:>18.2f}")
     print("decision us: _kernel_step + kernel_forward_extras on the live runner, a decode batch of that size, "
           "in a loop (best of 5); in step: the same methods timed inside real decode steps, where even an empty "
           "call costs what the last column shows")

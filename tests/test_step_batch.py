@@ -59,3 +59,22 @@ def test_unknown_attribute_is_an_attribute_error():
     b = StepBatch(1, np.array([1]), np.array([1]), np.array([1]), 1)
     assert not hasattr(b, "nonsense")
     assert not hasattr(b, "__dict__")
+
+
+def test_device_counters_sum_without_reading_and_merge_with_host_counters():
+    import torch
+
+    from ascend_kernel.step import StepTrace
+
+    trace = StepTrace()
+    counts = torch.tensor([3, 0, 4])
+    trace.count_on_device("moe_tokens", "alltoall", counts.sum())
+    counts.add_(100)  # the caller reuses its buffer: the trace kept its own sum
+    trace.count_on_device("moe_tokens", "alltoall", torch.tensor(5))
+    trace.count_on_device("moe_tokens", "mc2", torch.tensor(2))
+    trace.count("moe_tokens", "mc2", 1)
+    trace.count("moe_fallbacks", "mc2->alltoall")
+    assert isinstance(trace.device_counters["moe_tokens"]["alltoall"], torch.Tensor)  # not read in the step
+    report = trace.as_dict()
+    assert report["moe_tokens"] == {"alltoall": 12, "mc2": 3}
+    assert report["moe_fallbacks"] == {"mc2->alltoall": 1}

@@ -48,4 +48,5 @@ class KernelPlatformMixin:
 
     @classmethod
     def set_additional_forward_context(cls, *args: Any, num_tokens: int | None = None, **kwargs: Any) -> dict[str, Any]:
-        return kernel_runner.forward_context_extras(num_tokens)
+        runner = kernel_runner._active_runner  # read here, not through a helper: this runs on every forward
+        return runner.kernel_forward_extras(num_tokens) if runner is not None else {}

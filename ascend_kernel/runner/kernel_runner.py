@@ -43,12 +43,21 @@ def current_trace() -> StepTrace | None:
     return runner.kernel_trace
 
 
-def forward_context_extras(num_tokens: int | None) -> dict[str, Any]:
-    """What the platform adds to vLLM's forward context for one forward pass."""
-    runner = _active_runner
-    if runner is None:
-        return {}
-    return runner.kernel_forward_extras(num_tokens)
+def attn_modules_per_layer(layer_names: Any) -> int:
+    """How many attention modules share one decoder-layer index, from the KV layers' names.
+
+    vLLM orders KV caches by layer index and needs this count when a layer
+    holds several attention modules, named with a second index
+    (``model.layers.3.self_attn.1.attn``: LongCat-Flash). vLLM's runner keys it
+    on the model type; the names say it for any model: the most modules found
+    under one layer index, 1 when no name carries a second index.
+    """
+    per_layer: dict[int, int] = {}
+    for name in layer_names:
+        indices = [int(part) for part in name.split(".") if part.isdigit()]
+        if len(indices) == 2:
+            per_layer[indices[0]] = per_layer.get(indices[0], 0) + 1
+    return max(per_layer.values(), default=1)
 
 
 class KernelRunnerMixin:
@@ -85,8 +94,10 @@ class KernelRunnerMixin:
 
     # -- per step ---------------------------------------------------------------
 
-    def _prepare_inputs(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray, *args: Any, **kwargs: Any):
-        out = super()._prepare_inputs(scheduler_output, num_scheduled_tokens, *args, **kwargs)  # type: ignore[misc]
+    # The per-step overrides take vLLM's exact parameters: no *args/**kwargs packing on every step.
+
+    def _prepare_inputs(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray):
+        out = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)  # type: ignore[misc]
         self._kernel_step(scheduler_output, num_scheduled_tokens)
         return out
 
@@ -129,12 +140,12 @@ class KernelRunnerMixin:
             self.kernel_attn_state = None  # dummy/profile runs see no stale state
             self._kernel_with_prefill = False
 
-    def _sample(self, *args: Any, **kwargs: Any):
-        if kwargs.get("spec_decode_metadata", args[1] if len(args) > 1 else None) is None:
+    def _sample(self, logits: Any, spec_decode_metadata: Any):
+        if spec_decode_metadata is None:
             self.kernel_trace.sampler_calls += 1
         else:
             self.kernel_trace.rejection_sampler_calls += 1
-        return super()._sample(*args, **kwargs)  # type: ignore[misc]
+        return super()._sample(logits, spec_decode_metadata)  # type: ignore[misc]
 
     def propose_draft_token_ids(self, *args: Any, **kwargs: Any):
         self.kernel_trace.drafter_calls += 1
@@ -166,12 +177,11 @@ class KernelRunnerMixin:
         groups = [g for per_group in self.attn_groups for g in per_group]
         if self.speculative_config:
             groups += getattr(self.drafter, "draft_attn_groups", [])
-        hf_config = self.model_config.hf_config
         bind_kv_cache(
             caches,
             self.compilation_config.static_forward_context,
             self.kv_caches,
-            2 if getattr(hf_config, "model_type", None) == "longcat_flash" else 1,
+            attn_modules_per_layer(caches),
             kv_cache_groups=kv_cache_config.kv_cache_groups,
             layer_kv_caches=map_kv_caches_to_kernel_blocks(caches, groups),
         )

@@ -125,7 +125,7 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         dispatched = method.dispatch(x, topk_weights, topk_ids, self.local_experts, self.parallel)
         trace = current_trace()
         if trace is not None:
-            trace.count("moe_tokens", method.name, int(dispatched.counts.sum()))
+            trace.count_on_device("moe_tokens", method.name, dispatched.counts.sum())
         expert_out = self.local_experts.mlp(dispatched.rows, dispatched.counts)
         return method.combine(expert_out, dispatched)
 
