@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 def read_marker(path: Path, marker_name: str) -> dict[str, Any] | None:
@@ -51,3 +52,17 @@ def move_into_place(tmp: Path, out: Path, wanted: dict[str, Any], marker_name: s
     finally:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def build_marked(out: Path, wanted: dict[str, Any], marker_name: str, build: Callable[[Path], None]) -> Path:
+    """Run ``build`` into a temporary sibling of ``out``, mark it with ``wanted`` and move it into place."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    try:
+        build(tmp)
+        (tmp / marker_name).write_text(json.dumps(wanted, indent=2, sort_keys=True) + "\n")
+        normalise_permissions(tmp)
+        move_into_place(tmp, out, wanted, marker_name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

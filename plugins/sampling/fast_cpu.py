@@ -34,7 +34,9 @@ from ascend_kernel_plugins.sampling.topk_topp import SortStats, kept_sets
 FUSED_TOP_K_MAX_BATCH = 2
 
 
-def _topk_topp_class() -> type:
+@functools.cache
+def fast_topk_topp_class() -> type:
+    """FastTopKTopPSampler (defined on first use, so importing this module does not import vLLM)."""
     from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
 
     class FastTopKTopPSampler(TopKTopPSampler):
@@ -69,12 +71,6 @@ def _topk_topp_class() -> type:
     FastTopKTopPSampler.__module__ = __name__
     FastTopKTopPSampler.__qualname__ = "FastTopKTopPSampler"
     return FastTopKTopPSampler
-
-
-@functools.cache
-def fast_topk_topp_class() -> type:
-    """FastTopKTopPSampler (defined on first use, so importing this module does not import vLLM)."""
-    return _topk_topp_class()
 
 
 class FastCpuSampler:

@@ -37,7 +37,9 @@ import torch
 PLACEHOLDER = -1
 
 
-def _rejection_sampler_class() -> type:
+@functools.cache
+def seam_rejection_sampler_class() -> type:
+    """SeamRejectionSampler (defined on first use, so importing this module does not import vLLM)."""
     from torch import nn
     from vllm.config.model import PROCESSED_LOGPROBS_MODES
     from vllm.v1.outputs import SamplerOutput
@@ -103,12 +105,6 @@ def _rejection_sampler_class() -> type:
     SeamRejectionSampler.__module__ = __name__
     SeamRejectionSampler.__qualname__ = "SeamRejectionSampler"
     return SeamRejectionSampler
-
-
-@functools.cache
-def seam_rejection_sampler_class() -> type:
-    """SeamRejectionSampler (defined on first use, so importing this module does not import vLLM)."""
-    return _rejection_sampler_class()
 
 
 def _draft_counts(cu_num_draft_tokens: torch.Tensor) -> torch.Tensor:
