@@ -110,6 +110,12 @@ def ascend_kernel_attention_state_policies() -> "list[Implementation]":
     ``is_prefill``. Reading the batch's facts (``fresh``, ``single_token``,
     ``single_valid``) costs a few scalar operations in a live step; its
     per-request arrays are computed on first read.
+
+    A policy whose answer depends on those three facts alone should also
+    provide ``decide_facts(fresh, single_token, single_valid) -> AttentionState``
+    (pure, agreeing with ``decide``): the runner then calls it for the eight
+    combinations at start-up and answers each step from that table, with no
+    batch object and no policy call in the step.
     """
 
 
@@ -159,7 +165,10 @@ def ascend_kernel_moe_comm_policies() -> "list[Implementation]":
     forward pass's tokens, or None for a model without experts. The runner
     calls it directly once per forward pass, publishes the object to vLLM's
     forward context under ``"moe_comm_method"`` (the MoE layers read it there)
-    and counts ``trace.moe_methods[method.name]``.
+    and counts ``trace.moe_methods[method.name]``. A policy that knows the
+    model has no experts should say so with ``is_moe = False``: the runner
+    then never calls ``select`` and publishes None, so a dense model pays
+    nothing per forward pass.
 
     A policy decides *names*; :class:`ascend_kernel_plugins.moe_comm.selector.MethodSelector`
     turns a name into the method object, applies ``ASCEND_KERNEL_MOE_COMM_METHOD``

@@ -66,15 +66,29 @@ class StepBatch:
         batch.num_scheduled_tokens = num_scheduled_tokens
         batch.total_tokens = total_tokens
         batch._num_computed_tokens = num_computed_tokens
-        batch.fresh = not (num_reqs and num_computed_tokens[0]) and not np.count_nonzero(num_computed_tokens[:num_reqs])
-        single = batch.single_token = total_tokens == num_reqs
+        batch.fresh, batch.single_token, batch.single_valid = cls.facts_of_step(
+            num_reqs, num_computed_tokens, total_tokens, drafts)
         if drafts:
             batch._drafts = drafts
             batch._req_ids = req_ids
         else:
             batch.num_valid_tokens = num_scheduled_tokens
-            batch.single_valid = single
         return batch
+
+    @staticmethod
+    def facts_of_step(num_reqs: int, num_computed_tokens: np.ndarray, total_tokens: int,
+                      drafts: Mapping[str, Sequence[int]] | None) -> tuple[bool, bool, bool]:
+        """``(fresh, single_token, single_valid)`` of a live step, by the sums :meth:`of_step` describes.
+
+        The runner's fast path: a policy that decides on these facts alone
+        (``decide_facts``) is answered from a table keyed by this tuple, with
+        no batch object built.
+        """
+        fresh = not (num_reqs and num_computed_tokens[0]) and not np.count_nonzero(num_computed_tokens[:num_reqs])
+        single = total_tokens == num_reqs
+        if not drafts:
+            return fresh, single, single
+        return fresh, single, total_tokens - sum(map(len, drafts.values())) == num_reqs
 
     def __getattr__(self, name: str) -> Any:
         """Called only for a slot not yet set: computes the array or fact and keeps it."""
@@ -110,7 +124,7 @@ class StepBatch:
 class StepTrace:
     """Counters of per-step decisions (cheap: one dict increment per decision)."""
 
-    steps: int = 0
+    #: scheduled steps by the attention state decided for them (their sum is :attr:`steps`)
     attention_states: Counter = field(default_factory=Counter)
     moe_methods: Counter = field(default_factory=Counter)
     sampler_calls: int = 0
@@ -120,6 +134,11 @@ class StepTrace:
     counters: dict[str, Counter] = field(default_factory=dict)
     #: the same for amounts that live on the device (e.g. ``moe_tokens``): summed there, read when reported
     device_counters: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def steps(self) -> int:
+        """Scheduled steps so far: every step decides one attention state (one count, not two, per step)."""
+        return sum(self.attention_states.values())
 
     def count(self, counter: str, key: str, amount: int = 1) -> None:
         """Add ``amount`` to ``counter[key]`` (a plugin's per-step fact; one dict update)."""

@@ -25,14 +25,14 @@ then pinned to one CPU (``--cpu``, ``OMP_NUM_THREADS=1`` via ``--threads``).
 
 **Inside one process** (``seams_ratio``): the kernel engine alone, blocks with
 its per-step seams on and off (``--seam-pairs`` per launch, ABBA; off runs the
-base runner's ``execute_model``, ``_prepare_inputs``, ``_sample`` and
-``propose_draft_token_ids`` and adds nothing to the forward context, which for
+base runner's ``_prepare_inputs``, ``_sample`` and ``propose_draft_token_ids``
+and adds nothing to the forward context, which for
 the default CPU plan is stock vLLM's step; the tokens must not change). Same
 process, same layout: this resolves the kernel's own per-step code to a few
 tenths of a per cent, which the cross-process ratio cannot.
 
-Also printed: the per-step decision cost (``_kernel_step`` +
-``kernel_forward_extras``): ``decision_us`` runs the live runner's methods in
+Also printed: the per-step decision cost (``_kernel_step`` + the platform's
+forward-context hook): ``decision_us`` runs the live runner's methods in
 a loop on a decode batch of that size (synthetic batches up to 256 too),
 ``decision_us_in_step`` times them inside real decode steps (separate blocks,
 timers only there) next to an empty call at the same place
@@ -100,8 +100,8 @@ def _install_step_timer(worker: Any) -> bool:
 def _kernel_seams(worker: Any, on: bool) -> str:
     """Kernel only: switch the runner's per-step seams off (the base runner's methods) or back on.
 
-    Off, a step runs vLLM's own ``execute_model``, ``_prepare_inputs``,
-    ``_sample`` and ``propose_draft_token_ids``, and the platform adds nothing
+    Off, a step runs vLLM's own ``_prepare_inputs``, ``_sample`` and
+    ``propose_draft_token_ids``, and the platform adds nothing
     to the forward context: for a plan whose every choice is vLLM's own (the
     default plan on CPU for a plain decoder: vLLM's attention, layer ops and
     sampler class), that is stock vLLM's step in this very process. Blocks with
@@ -143,23 +143,28 @@ def _noop(*args: Any, **kwargs: Any) -> None:
 
 
 def _decision_timer(worker: Any, on: bool) -> list[list[int]]:
-    """Kernel only: put timers around the kernel's per-step methods (``on``), or take them off and return them.
+    """Kernel only: put timers around the kernel's per-step code (``on``), or take them off and return them.
 
-    The timers sit on the live runner only during decision blocks, so the
-    compared blocks run the kernel exactly as shipped. Per step they record the
-    ns spent in ``_kernel_step`` + ``kernel_forward_extras``, and the ns of one
+    The timers sit on the live runner and platform only during decision
+    blocks, so the compared blocks run the kernel exactly as shipped. Per step
+    they record the ns spent in ``_kernel_step`` plus the platform's
+    forward-context hook (every forward pass of the step), and the ns of one
     call of an empty function at the same place (the floor any Python call
     pays there: caches cold after the model's forward, other processes on the
     cores), as the pair (decision, empty call).
     """
+    from vllm.platforms import current_platform
+
     runner = worker.model_runner
+    platform = type(current_platform)
     if not on:
-        for name in ("_kernel_step", "kernel_forward_extras"):
-            runner.__dict__.pop(name, None)  # back to the class's methods
+        runner.__dict__.pop("_kernel_step", None)  # back to the class's method
+        delattr(platform, "set_additional_forward_context")  # back to the one the platform inherits
         taken, runner._bench_decision = getattr(runner, "_bench_decision", []), []
         return taken
     runner._bench_decision = []
-    step, extras = type(runner)._kernel_step, type(runner).kernel_forward_extras
+    step = type(runner)._kernel_step
+    bound_hook = platform.set_additional_forward_context  # the kernel platform's (inherited from its mixin)
     clock = time.perf_counter_ns
 
     def timed_step(*args: Any, **kwargs: Any) -> Any:
@@ -170,14 +175,15 @@ def _decision_timer(worker: Any, on: bool) -> list[list[int]]:
         runner._bench_decision.append([clock() - middle, middle - started])
         return out
 
-    def timed_extras(*args: Any, **kwargs: Any) -> Any:
+    def timed_hook(cls: Any, *args: Any, **kwargs: Any) -> Any:
         started = clock()
-        out = extras(runner, *args, **kwargs)
+        out = bound_hook(*args, **kwargs)
         if runner._bench_decision and runner.kernel_attn_state is not None:
             runner._bench_decision[-1][0] += clock() - started
         return out
 
-    runner._kernel_step, runner.kernel_forward_extras = timed_step, timed_extras
+    runner._kernel_step = timed_step
+    platform.set_additional_forward_context = classmethod(timed_hook)
     return []
 
 
@@ -186,6 +192,7 @@ def _synthetic_decision_us(worker: Any, batches: list[int], loops: int) -> dict[
     from types import SimpleNamespace
 
     import numpy as np
+    from vllm.platforms import current_platform
 
     runner = worker.model_runner
     real = runner.input_batch
@@ -204,22 +211,30 @@ def _synthetic_decision_us(worker: Any, batches: list[int], loops: int) -> dict[
                 runner.input_batch = SimpleNamespace(num_reqs=b, num_computed_tokens_cpu=computed,
                                                      req_ids=[str(i) for i in range(b)])
                 so = SimpleNamespace(scheduled_spec_decode_tokens={}, total_num_scheduled_tokens=total)
-                # the class's methods, bound (whatever sits on the instance)
+                # the class's method, bound (whatever sits on the instance), and the platform's hook
                 step = type(runner)._kernel_step.__get__(runner)
-                extras = type(runner).kernel_forward_extras.__get__(runner)
+                hook = type(current_platform).set_additional_forward_context
                 best = float("inf")
                 for _ in range(5):
                     t0 = time.perf_counter()
                     for _ in range(loops):
                         step(so, scheduled)
-                        extras(total)
+                        hook(num_tokens=total)
                     best = min(best, (time.perf_counter() - t0) / loops * 1e6)
                 out[str(b)][kind] = best
     finally:
         runner.input_batch = real
-        runner.kernel_attn_state = None
-        runner._kernel_with_prefill = False
+        runner._kernel_idle()
     return out
+
+
+def _pin(cpu: int) -> None:
+    """Every thread of this process (vLLM's included) onto ``cpu``."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), {cpu})
+        except ProcessLookupError:  # a thread that has ended since the listing
+            pass
 
 
 def engine_main(variant: str, model: str, max_batch: int, cpu: int | None) -> int:
@@ -231,10 +246,7 @@ def engine_main(variant: str, model: str, max_batch: int, cpu: int | None) -> in
 
     llm = LLM(model=model, dtype="float32", max_model_len=512, enforce_eager=True, seed=0, max_num_seqs=max_batch)
     if cpu is not None:
-        # Both engines on one CPU, so that neither holds a quieter core. Pinned once started: the
-        # two start-ups of a launch run side by side on all CPUs. Every thread, vLLM's included.
-        for tid in os.listdir("/proc/self/task"):
-            os.sched_setaffinity(int(tid), {cpu})
+        _pin(cpu)
     llm.collective_rpc(_install_step_timer)
     ready: dict[str, Any] = {"variant": variant}
     if variant == "kernel":
@@ -450,12 +462,14 @@ def main() -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--batch-sizes", default="1,8,32")
     ap.add_argument("--tokens", type=int, default=10, help="tokens per request per block (decode steps = tokens-1)")
-    ap.add_argument("--launches", type=int, default=20,
-                    help="fresh stock + kernel process pairs, each laid out anew (default 8)")
-    ap.add_argument("--pairs", type=int, default=20,
-                    help="stock/kernel block pairs per batch size and launch (default 20)")
-    ap.add_argument("--seam-pairs", type=int, default=20,
-                    help="per launch and batch size: kernel blocks with per-step seams on / off, paired (default 20)")
+    # Launches, not pairs, narrow the interval: the launch-to-launch spread (a few per cent) dwarfs the
+    # spread within a launch, so the defaults spend the time on launches.
+    ap.add_argument("--launches", type=int, default=30,
+                    help="fresh stock + kernel process pairs, each laid out anew (default 30)")
+    ap.add_argument("--pairs", type=int, default=10,
+                    help="stock/kernel block pairs per batch size and launch (default 10)")
+    ap.add_argument("--seam-pairs", type=int, default=10,
+                    help="per launch and batch size: kernel blocks with per-step seams on / off, paired (default 10)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the launches' layouts and of the bootstrap")
     ap.add_argument("--block-quantile", type=float, default=0.1,
                     help="a block's step time is this quantile of its decode steps (default 0.1; 0.5: the median)")
@@ -504,7 +518,7 @@ def main() -> int:
         r = result[str(b)]
         print(f"{b:>5}  {r['seams_ratio']:>8.4f}  [{r['seams_low']:.4f}, {r['seams_high']:.4f}]  "
               f"{r['decision_us']:>11.2f}  {r['decision_us_in_step']:>8.2f}  {r['empty_call_us_in_step']:>18.2f}")
-    print("decision us: _kernel_step + kernel_forward_extras on the live runner, a decode batch of that size, "
+    print("decision us: _kernel_step + the platform's forward-context hook on the live runner, a decode batch of that size, "
           "in a loop (best of 5); in step: the same methods timed inside real decode steps, where even an empty "
           "call costs what the last column shows")
     print("decision cost on synthetic batches (us, best of 5): " + ", ".join(

@@ -9,7 +9,11 @@ with the drafter the kernel would choose in ``ctx.chosen``). It must give:
   ``is_prefill`` for every shape (the runner publishes it; the MoE policy
   reads ``is_prefill``);
 * ``prefill-flag``: ``is_prefill`` is True for a batch of fresh prompts and
-  False for a batch of one-token decodes.
+  False for a batch of one-token decodes;
+* ``facts-agree``: a policy with ``decide_facts(fresh, single_token,
+  single_valid)`` (the runner then tabulates it at start-up and never calls
+  ``decide`` in a step) answers every batch as ``decide`` does. Skipped
+  without ``decide_facts``.
 """
 
 from __future__ import annotations
@@ -98,5 +102,19 @@ def check(policies: list[tuple[str, Any]], checks: Checks) -> None:
                     f"batch '{shape}' under {label}: state {state.name} says is_prefill=True"
         return "fresh prompts are prefill, one-token decodes are not"
 
+    def facts_agree() -> str:
+        tabulated = [(label, p) for label, p in policies if getattr(p, "decide_facts", None) is not None]
+        if not tabulated:
+            raise Skip("no decide_facts: the runner asks decide(batch) every step")
+        for label, policy in tabulated:
+            for shape, (seq_lens, scheduled, valid) in BATCHES.items():
+                batch = step_batch(seq_lens, scheduled, valid)
+                expected = policy.decide(batch)
+                got = policy.decide_facts(batch.fresh, batch.single_token, batch.single_valid)
+                assert got == expected, f"batch '{shape}' under {label}: decide_facts gives " \
+                    f"{getattr(got, 'name', got)!s}, decide gives {getattr(expected, 'name', expected)!s}"
+        return f"decide_facts equals decide on {len(BATCHES)} batch shapes x {len(tabulated)} config(s)"
+
     checks.run("state-for-every-batch", every_batch)
     checks.run("prefill-flag", prefill_flag)
+    checks.run("facts-agree", facts_agree)

@@ -10,7 +10,10 @@ and decode:
 * ``no-method-without-experts``: for the dense model every answer is None;
 * ``selects-from-table``: for the MoE model every answer is one of the table's
   method objects (or None), and a method with a ``capacity`` is only given
-  batches that fit it.
+  batches that fit it;
+* ``is-moe-flag``: a policy with an ``is_moe`` attribute (the runner never
+  calls ``select`` when it is False) says False for the dense model and True
+  for the MoE model. Skipped without the attribute.
 """
 
 from __future__ import annotations
@@ -68,6 +71,18 @@ def check_entry(entry: Any, kit: Any, checks: Checks) -> None:
             names.add(getattr(method, "name", repr(method)))
         return f"methods chosen: {', '.join(sorted(names)) or 'none'}"
 
+    def is_moe_flag() -> str:
+        flagged = [(found, policy) for found, policy in built if hasattr(policy, "is_moe")]
+        if not flagged:
+            raise Skip("no is_moe attribute: the runner asks select(...) every forward pass")
+        for found, policy in flagged:
+            expected = bool(found.ctx.vllm_config.model_config.is_moe)
+            assert isinstance(policy.is_moe, bool) and policy.is_moe == expected, \
+                f"{found.label}: is_moe is {policy.is_moe!r} for a model {'with' if expected else 'without'} " \
+                "experts (False makes the runner skip select)"
+        return f"is_moe matches the model under {len(flagged)} config(s)"
+
     checks.run("interface", interface)
     checks.run("no-method-without-experts", dense)
     checks.run("selects-from-table", moe)
+    checks.run("is-moe-flag", is_moe_flag)

@@ -48,5 +48,9 @@ class KernelPlatformMixin:
 
     @classmethod
     def set_additional_forward_context(cls, *args: Any, num_tokens: int | None = None, **kwargs: Any) -> dict[str, Any]:
-        runner = kernel_runner._active_runner  # read here, not through a helper: this runs on every forward
-        return runner.kernel_forward_extras(num_tokens) if runner is not None else {}
+        # Runs on every forward pass: the step's extras are read here directly, not through a call.
+        runner = kernel_runner._active_runner
+        if runner is None:
+            return {}
+        extras = runner.kernel_step_extras
+        return extras if extras is not None else runner.kernel_forward_extras(num_tokens)

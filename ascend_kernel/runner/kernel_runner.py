@@ -10,8 +10,9 @@ the step calls plain methods on the plan's objects (no pluggy in the loop).
 
 from __future__ import annotations
 
+import itertools
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -26,7 +27,11 @@ _active_runner: "KernelRunnerMixin | None" = None
 
 
 def current_attn_state() -> Any:
-    """The attention state the active runner decided for the step in progress (None outside a step)."""
+    """The attention state of the active runner's current step.
+
+    None before the first step and in passes that are not a scheduled step's
+    (dummy, profile and capture runs, the drafter's proposals).
+    """
     runner = _active_runner
     return runner.kernel_attn_state if runner is not None else None
 
@@ -34,8 +39,8 @@ def current_attn_state() -> Any:
 def current_trace() -> StepTrace | None:
     """The active runner's step trace while a scheduled step runs, for plugins that count per-step facts.
 
-    None outside a step (no engine, or vLLM's dummy and profile runs), so that
-    counts describe the requests served and nothing else.
+    None outside a step (no engine, vLLM's dummy, profile and capture runs, the
+    drafter's proposals), so that counts describe the target's steps and nothing else.
     """
     runner = _active_runner
     if runner is None or runner.kernel_attn_state is None:
@@ -60,6 +65,16 @@ def attn_modules_per_layer(layer_names: Any) -> int:
     return max(per_layer.values(), default=1)
 
 
+class StepOutcome(NamedTuple):
+    """What one step's attention state makes the runner publish, computed once per distinct state."""
+
+    state: Any
+    name: str
+    is_prefill: bool
+    #: vLLM's forward-context extras for every pass of the step, or None when they depend on the pass (MoE)
+    extras: dict[str, Any] | None
+
+
 class KernelRunnerMixin:
     """Routes the runner's feature seams through the kernel's plan."""
 
@@ -78,12 +93,7 @@ class KernelRunnerMixin:
                 self.kernel_model_patches.extend(prepare_model(vllm_config))
         self.kernel_trace = StepTrace()
         self.kernel_kv_report = KVAllocationReport()
-        self.kernel_attn_state: Any = None
-        self._kernel_with_prefill = False  # kernel_attn_state.is_prefill (False outside a step)
-        self._kernel_state_facts: tuple[Any, str, bool] = (None, "", False)
-        # Per-step policies, bound once.
-        self._decide_attn_state = plan.attention_state.decide
-        self._select_moe_comm = plan.moe_comm.select
+        self._bind_step_policies(plan.attention_state, plan.moe_comm)
         # Sampling and drafting objects replace what vLLM's __init__ built.
         self.sampler = plan.sampler.build(vllm_config)
         if plan.drafter is not None:
@@ -92,9 +102,44 @@ class KernelRunnerMixin:
             self.rejection_sampler = plan.rejection_sampler.build(self.sampler, vllm_config, self.device)
         _active_runner = self
 
-    # -- per step ---------------------------------------------------------------
+    def _bind_step_policies(self, state_policy: Any, moe_policy: Any) -> None:
+        """Bind the per-step policies once; what a step needs from them is tabulated where it can be."""
+        self._decide_attn_state = state_policy.decide
+        # a policy with experts to serve is asked per forward pass; without, the runner never calls it
+        self._select_moe_comm = moe_policy.select if getattr(moe_policy, "is_moe", True) else None
+        self._kernel_outcome: StepOutcome = self._outcome_of(None)
+        self._kernel_idle_outcome = self._kernel_outcome
+        decide_facts = getattr(state_policy, "decide_facts", None)
+        self._outcome_by_facts: dict[tuple[bool, bool, bool], StepOutcome] | None = None
+        if decide_facts is not None:
+            self._outcome_by_facts = {facts: self._outcome_of(decide_facts(*facts))
+                                      for facts in itertools.product((False, True), repeat=3)}
+        self._publish(self._kernel_idle_outcome)
 
-    # The per-step overrides take vLLM's exact parameters: no *args/**kwargs packing on every step.
+    # -- per step ---------------------------------------------------------------
+    #
+    # The step state (attention state, prefill flag, forward-context extras) is set by _prepare_inputs
+    # and holds until the next step, a dummy run or the drafter's proposal: those run forward passes
+    # of their own and see the idle state. No wrapper around execute_model: nothing per step is added
+    # that a rare method can do instead.
+
+    def _outcome_of(self, state: Any) -> "StepOutcome":
+        """What a step with attention state ``state`` publishes (None: outside a step)."""
+        if state is None:
+            name, is_prefill = "", False
+        else:
+            name, is_prefill = state.name, bool(state.is_prefill)
+        # Without experts the forward context is the same for every pass of the step: built once, here.
+        extras = {"ascend_attn_state": state, "moe_comm_method": None} if self._select_moe_comm is None else None
+        return StepOutcome(state, name, is_prefill, extras)
+
+    def _publish(self, outcome: "StepOutcome") -> None:
+        self._kernel_outcome = outcome
+        self.kernel_attn_state, _, self._kernel_with_prefill, self.kernel_step_extras = outcome
+
+    def _kernel_idle(self) -> None:
+        """Forward passes outside a scheduled step (dummy, profile, capture, drafting) see no step state."""
+        self._publish(self._kernel_idle_outcome)
 
     def _prepare_inputs(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray):
         out = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)  # type: ignore[misc]
@@ -104,18 +149,27 @@ class KernelRunnerMixin:
     def _kernel_step(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray) -> None:
         """The kernel's decisions for one scheduled step: the attention state, counted in the trace.
 
-        With :meth:`kernel_forward_extras` this is the kernel's whole per-step
-        cost (``bench/step_overhead.py`` times both inside a live engine).
+        A policy with ``decide_facts`` is answered from the table built at
+        start-up (the step computes three facts by sums and looks them up);
+        any other gets a :class:`StepBatch`. With the platform's forward-context
+        hook this is the kernel's whole per-step cost (``bench/step_overhead.py``
+        times it inside a live engine).
         """
-        state = self._decide_attn_state(self._step_batch(scheduler_output, num_scheduled_tokens))
-        self.kernel_attn_state = state
-        facts = self._kernel_state_facts
-        if state is not facts[0]:  # an enum's name and is_prefill cost ~1 us: looked up when the state changes
-            facts = self._kernel_state_facts = (state, state.name, bool(state.is_prefill))
-        self._kernel_with_prefill = facts[2]
-        trace = self.kernel_trace
-        trace.steps += 1
-        trace.attention_states[facts[1]] += 1
+        table = self._outcome_by_facts
+        if table is not None:
+            batch = self.input_batch  # type: ignore[attr-defined]
+            outcome = table[StepBatch.facts_of_step(batch.num_reqs, batch.num_computed_tokens_cpu,
+                                                    scheduler_output.total_num_scheduled_tokens,
+                                                    scheduler_output.scheduled_spec_decode_tokens)]
+        else:
+            state = self._decide_attn_state(self._step_batch(scheduler_output, num_scheduled_tokens))
+            outcome = self._kernel_outcome
+            if state is not outcome.state:
+                outcome = self._outcome_of(state)
+        # published here, not through _publish: one frame less per step
+        self._kernel_outcome = outcome
+        self.kernel_attn_state, name, self._kernel_with_prefill, self.kernel_step_extras = outcome
+        self.kernel_trace.attention_states[name] += 1
 
     def _step_batch(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray) -> StepBatch:
         """The step's batch from what vLLM already computed (its facts are sums; see StepBatch.of_step)."""
@@ -126,6 +180,15 @@ class KernelRunnerMixin:
                                  batch.req_ids if drafts else ())
 
     def kernel_forward_extras(self, num_tokens: int | None) -> dict[str, Any]:
+        """The forward context's extras for one pass: the step's, or with the MoE method for ``num_tokens``.
+
+        The platform reads :attr:`kernel_step_extras` first and only calls this
+        when it is None (a model with experts: the method depends on the pass's
+        token count, which differs between the step, the drafter and dummy runs).
+        """
+        extras = self.kernel_step_extras
+        if extras is not None:
+            return extras
         state = self.kernel_attn_state
         method = self._select_moe_comm(num_tokens or 0, self._kernel_with_prefill)
         if state is not None and method is not None:
@@ -133,12 +196,9 @@ class KernelRunnerMixin:
         # dummy and profile runs (no attention state) still need a method, but are not counted
         return {"ascend_attn_state": state, "moe_comm_method": method}
 
-    def execute_model(self, *args: Any, **kwargs: Any):
-        try:
-            return super().execute_model(*args, **kwargs)  # type: ignore[misc]
-        finally:
-            self.kernel_attn_state = None  # dummy/profile runs see no stale state
-            self._kernel_with_prefill = False
+    def _dummy_run(self, *args: Any, **kwargs: Any):
+        self._kernel_idle()
+        return super()._dummy_run(*args, **kwargs)  # type: ignore[misc]
 
     def _sample(self, logits: Any, spec_decode_metadata: Any):
         if spec_decode_metadata is None:
@@ -148,6 +208,7 @@ class KernelRunnerMixin:
         return super()._sample(logits, spec_decode_metadata)  # type: ignore[misc]
 
     def propose_draft_token_ids(self, *args: Any, **kwargs: Any):
+        self._kernel_idle()  # the draft model's passes are not the target's step
         self.kernel_trace.drafter_calls += 1
         return super().propose_draft_token_ids(*args, **kwargs)  # type: ignore[misc]
 

@@ -57,12 +57,15 @@ class StandardStatePolicy:
         )
 
     def decide(self, batch: StepBatch) -> AttentionState:
-        # the batch's facts (see StepBatch): O(1) from the runner's sums in a live step
-        if batch.fresh:  # seq_lens == scheduled for every request
+        return self.decide_facts(batch.fresh, batch.single_token, batch.single_valid)
+
+    def decide_facts(self, fresh: bool, single_token: bool, single_valid: bool) -> AttentionState:
+        """The state from the batch's three facts alone (see StepBatch), so the runner tabulates it at start-up."""
+        if fresh:  # seq_lens == scheduled for every request
             return AttentionState.PrefillNoCache
-        if batch.single_token:  # every request schedules one token
+        if single_token:  # every request schedules one token
             return self.single_token_state
-        if batch.single_valid:  # every request has one valid (non-draft) token
+        if single_valid:  # every request has one valid (non-draft) token
             return self.verify_state
         # Mixed prefill/decode: split-fuse when the scheduler chunks prefills,
         # else a prefill over a partly cached prefix.
