@@ -2,26 +2,34 @@
 
 **Across processes** (the headline ``ratio``): a *launch* starts one stock
 and one kernel engine, each in its own process (vLLM fixes its platform per
-process), both alive for the launch; for each batch size they take turns
-block by block (``--pairs`` per launch, order flipped every pair: ABBA). A
-block is one greedy ``generate()`` of ``batch`` prompts (``--tokens`` 10:
-nine decode steps, ~25 ms, so both blocks of a pair see the same host load);
-each decode step is timed inside the engine, from the runner's
-``execute_model`` entry to its ``sample_tokens`` exit (a wrapper put on the
-live runner through ``collective_rpc``), for steps where every request decodes
-one token. A block's value is the 10th percentile of its steps
+process), both alive for the launch. A launch runs ``--forks`` rounds; for
+each round both engines fork, and the two children take turns block by block
+for each batch size (``--pairs`` per round, order flipped every pair: ABBA),
+then exit. A block is one greedy ``generate()`` of ``batch`` prompts
+(``--tokens`` 10: nine decode steps, ~25 ms, so both blocks of a pair see the
+same host load); each decode step is timed inside the engine, from the
+runner's ``execute_model`` entry to its ``sample_tokens`` exit (a wrapper put
+on the live runner through ``collective_rpc``), for steps where every request
+decodes one token. A block's value is the 10th percentile of its steps
 (``--block-quantile``: other processes only ever add time); a pair's ratio is
 kernel / stock. Printed per batch size: the median pair ratio and its 95 %
-interval from a two-level bootstrap (launches, then pairs within them).
+interval from a bootstrap that resamples launches, then rounds within them,
+then pairs within those.
 
-Why launches: two processes of the *same* engine differ by a few per cent for
-the whole of their lives (memory placement; ``--calibrate`` runs stock
-against stock and shows it: on a 2-core VM, launch medians spread 0.94-1.06
-while each launch's own interval is ~1 % wide). One launch with many pairs
-would measure that accident precisely; only many launches average it out,
+Why launches and forks: two processes of the *same* engine differ by a few
+per cent while they live (``--calibrate`` runs stock against stock and shows
+it: on a 2-core VM, launch medians spread 0.91-1.09 while each launch's own
+interval is ~1 % wide). Neither ASLR off, a fixed hash seed, 2 MB pages for
+the tensors nor separate CPUs removed it, so it is taken as what it looks
+like, physical placement, and averaged out. One process pair with many pairs
+would measure its accident precisely; only many placements average it out,
 and the interval must resample them. Every launch lays its processes out
 anew (hash seed, environment size) and starts both side by side; both are
 then pinned to one CPU (``--cpu``, ``OMP_NUM_THREADS=1`` via ``--threads``).
+A forked child is a new draw of placement at the cost of a second (the
+pages it writes are copied to new frames), where a launch costs twenty, and
+its rounds spread as much as launches do; the bootstrap still resamples
+launches first, so rounds that share a parent are not counted as independent.
 
 **Inside one process** (``seams_ratio``): the kernel engine alone, blocks with
 its per-step seams on and off (``--seam-pairs`` per launch, ABBA; off runs the
@@ -257,6 +265,19 @@ def engine_main(variant: str, model: str, max_batch: int, cpu: int | None) -> in
         cmd = json.loads(line)
         if cmd["cmd"] == "quit":
             break
+        if cmd["cmd"] == "fork":
+            # A child with this engine, as built, in memory of its own (copied on write): it answers the
+            # commands that follow until "exit", while this process waits, then this one goes on.
+            child = os.fork()
+            if child == 0:
+                answers.write(json.dumps({"forked": os.getpid()}) + "\n")
+                continue
+            os.waitpid(child, 0)
+            answers.write(json.dumps({"resumed": True}) + "\n")
+            continue
+        if cmd["cmd"] == "exit":
+            answers.flush()
+            os._exit(0)
         if cmd["cmd"] == "synthetic":
             answers.write(json.dumps(llm.collective_rpc(_synthetic_decision_us,
                                                         args=(cmd["batches"], cmd["loops"]))[0]) + "\n")
@@ -285,7 +306,7 @@ class Engine:
     def __init__(self, variant: str, args: argparse.Namespace, log: Path, rng: random.Random) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_KERNEL_")}
         env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1",
-                   TRANSFORMERS_OFFLINE="1")
+                   TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
         # Every launch lays the process out anew (hash seed, environment size, hence the stack), so
         # that a lucky or unlucky layout is one sample among the launches, not the result.
         env["PYTHONHASHSEED"] = str(rng.randrange(1 << 32))
@@ -294,6 +315,7 @@ class Engine:
             env["OMP_NUM_THREADS"] = str(args.threads)
         if variant == "kernel":
             env["ASCEND_KERNEL_DEVICE"] = "cpu"
+            env.update(setting.split("=", 1) for setting in args.kernel_setting)
         else:
             env["VLLM_PLUGINS"] = ""  # no platform plugin: vLLM-CPU's own platform
         self.log = log
@@ -317,6 +339,15 @@ class Engine:
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         return self._read()
 
+    def fork(self) -> None:
+        """From now on a forked child of the engine answers, until :meth:`end_fork`."""
+        self.ask(cmd="fork")
+
+    def end_fork(self) -> None:
+        """End the child; the engine it was forked from answers again."""
+        if not self.ask(cmd="exit").get("resumed"):
+            raise SystemExit("a forked engine did not hand back to its parent")
+
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
@@ -337,22 +368,37 @@ def block_time(steps_ns: list[int], quantile: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def bootstrap_median(launches: list[list[float]], rounds: int, seed: int = 0) -> tuple[float, float]:
-    """95 % interval of the median pair ratio, resampling launches, then pairs within each drawn launch.
+def _resample(node: list[Any], rng: random.Random, into: list[float]) -> None:
+    """Draw ``len(node)`` members of ``node`` with replacement, and recurse into those that are lists."""
+    for member in rng.choices(node, k=len(node)):
+        if isinstance(member, list):
+            _resample(member, rng, into)
+        else:
+            into.append(member)
 
-    Two levels, because pairs of one launch share that launch's process layout:
-    resampling pairs alone would treat a layout's bias as if it were measured
-    many times over, and give an interval far too narrow.
+
+def bootstrap_median(groups: list[Any], rounds: int, seed: int = 0) -> tuple[float, float]:
+    """95 % interval of the median pair ratio, resampling every level of ``groups`` in turn.
+
+    ``groups`` nests as the measurements did: launches, then (with ``--forks``)
+    the forked rounds of a launch, then the pair ratios of a round. Each level
+    is resampled within the members drawn at the level above, because pairs of
+    one process pair share its layout: resampling pairs alone would treat one
+    layout's bias as if it were measured many times over, and give an interval
+    far too narrow.
     """
     rng = random.Random(seed)
     medians = []
     for _ in range(rounds):
         pooled: list[float] = []
-        for ratios in rng.choices(launches, k=len(launches)):
-            pooled += rng.choices(ratios, k=len(ratios))
+        _resample(groups, rng, pooled)
         medians.append(statistics.median(pooled))
     medians.sort()
     return medians[int(0.025 * rounds)], medians[min(rounds - 1, int(0.975 * rounds))]
+
+
+def _flatten(node: Any) -> list[float]:
+    return [x for member in node for x in _flatten(member)] if isinstance(node, list) else [node]
 
 
 def seams_summary(per_launch: list[list[float]], rounds: int) -> dict[str, Any]:
@@ -369,11 +415,36 @@ def seams_summary(per_launch: list[list[float]], rounds: int) -> dict[str, Any]:
             "seams_pairs": len(pooled)}
 
 
-def run_launch(args: argparse.Namespace, workdir: Path, rng: random.Random, measure_decision: bool) -> dict[str, Any]:
+def _paired_blocks(args: argparse.Namespace, stock: "Engine", kernel: "Engine", b: int,
+                   out: dict[str, Any], stock_first: bool) -> list[float]:
+    """``args.pairs`` ABBA block pairs of batch ``b`` (after one warm-up block each): kernel / stock per pair."""
+    for engine in (stock, kernel) if stock_first else (kernel, stock):
+        engine.ask(cmd="block", batch=b, tokens=args.tokens)
+    ratios = []
+    for i in range(args.pairs):
+        # ABBA: the order flips every pair, so whatever the second block of a pair pays cancels out
+        if (i % 2 == 0) == stock_first:
+            s_steps = stock.ask(cmd="block", batch=b, tokens=args.tokens)["steps_ns"]
+            k_steps = kernel.ask(cmd="block", batch=b, tokens=args.tokens)["steps_ns"]
+        else:
+            k_steps = kernel.ask(cmd="block", batch=b, tokens=args.tokens)["steps_ns"]
+            s_steps = stock.ask(cmd="block", batch=b, tokens=args.tokens)["steps_ns"]
+        out["raw"][b].append([s_steps, k_steps])
+        s, k = block_time(s_steps, args.block_quantile) / 1e6, block_time(k_steps, args.block_quantile) / 1e6
+        out["stock_ms"][b].append(s)
+        out["kernel_ms"][b].append(k)
+        ratios.append(k / s)
+    return ratios
+
+
+def run_launch(args: argparse.Namespace, workdir: Path, rng: random.Random, launch: int,
+               measure_decision: bool) -> dict[str, Any]:
     """One launch: fresh stock and kernel processes, ``args.pairs`` ABBA block pairs per batch size."""
-    stock = Engine("stock", args, workdir / "stock.log", rng)
-    # --calibrate: the second engine is stock vLLM as well, so the ratio shows the bench's own bias
-    kernel = Engine("stock" if args.calibrate else "kernel", args, workdir / "kernel.log", rng)
+    # --calibrate: the kernel's place is taken by stock vLLM as well, so the ratio shows the bench's own bias
+    variants = {"stock": "stock", "kernel": "stock" if args.calibrate else "kernel"}
+    order = ("stock", "kernel") if launch % 2 == 0 else ("kernel", "stock")  # who starts first alternates
+    engines = {slot: Engine(variants[slot], args, workdir / f"{slot}.log", rng) for slot in order}
+    stock, kernel = engines["stock"], engines["kernel"]
     out: dict[str, Any] = {"ratios": {}, "stock_ms": {}, "kernel_ms": {}, "decision": {}, "raw": {}}
     try:
         stock.wait_ready()
@@ -382,20 +453,28 @@ def run_launch(args: argparse.Namespace, workdir: Path, rng: random.Random, meas
             stock.ask(cmd="block", batch=b, tokens=args.tokens)
             kernel.ask(cmd="block", batch=b, tokens=args.tokens)
         for b in args.sizes:
-            ratios, stock_ms, kernel_ms, raw = [], [], [], []
-            for i in range(args.pairs):
-                # ABBA: the order flips every pair, so whatever the second block of a pair pays cancels out
-                if i % 2 == 0:
-                    s_steps = stock.ask(cmd="block", batch=b, tokens=args.tokens)["steps_ns"]
-                    k_steps = kernel.ask(cmd="block", batch=b, tokens=args.tokens)["steps_ns"]
-                else:
-                    k_steps = kernel.ask(cmd="block", batch=b, tokens=args.tokens)["steps_ns"]
-                    s_steps = stock.ask(cmd="block", batch=b, tokens=args.tokens)["steps_ns"]
-                raw.append([s_steps, k_steps])
-                s, k = block_time(s_steps, args.block_quantile) / 1e6, block_time(k_steps, args.block_quantile) / 1e6
-                stock_ms.append(s)
-                kernel_ms.append(k)
-                ratios.append(k / s)
+            out["ratios"][b], out["stock_ms"][b], out["kernel_ms"][b], out["raw"][b] = [], [], [], []
+        for n in range(max(args.forks, 1)):
+            # Whatever goes first in a round (fork, warm-up, first block, exit) alternates between the
+            # engines from round to round, so no order effect can fall on one side.
+            engines = (stock, kernel) if n % 2 == 0 else (kernel, stock)
+            if args.forks:
+                # both engines fork: the children run this round in memory of their own (written pages are
+                # copied to new frames), a fresh draw of the placement that a new process pair would get
+                for engine in engines:
+                    engine.fork()
+            try:
+                if args.forks:
+                    for b in args.sizes:  # a fresh child pays its copy-on-write faults here, not in a pair
+                        for engine in engines:
+                            engine.ask(cmd="block", batch=b, tokens=args.tokens)
+                for b in args.sizes:
+                    out["ratios"][b].append(_paired_blocks(args, stock, kernel, b, out, stock_first=n % 2 == 0))
+            finally:
+                if args.forks:
+                    for engine in engines:
+                        engine.end_fork()
+        for b in args.sizes:
             seam_ratios: list[float] = []
             for i in range(0 if args.calibrate else args.seam_pairs):
                 # the kernel engine alone, per-step seams on vs off (ABBA); tokens must not change
@@ -409,8 +488,7 @@ def run_launch(args: argparse.Namespace, workdir: Path, rng: random.Random, meas
             decision = []
             for _ in range(args.decision_blocks if measure_decision else 0):
                 decision += kernel.ask(cmd="block", batch=b, tokens=args.tokens, decision=True)["decision_ns"]
-            out["ratios"][b], out["stock_ms"][b], out["kernel_ms"][b] = ratios, stock_ms, kernel_ms
-            out["decision"][b], out["raw"][b] = decision, raw
+            out["decision"][b] = decision
         out["synthetic"] = {}
         if measure_decision:
             batches = sorted(set(SYNTHETIC_BATCHES) | set(args.sizes))
@@ -426,9 +504,9 @@ def drive(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     rng = random.Random(args.seed)
     launches = []
     for n in range(args.launches):
-        launches.append(run_launch(args, workdir, rng, measure_decision=n == 0 and not args.calibrate))
+        launches.append(run_launch(args, workdir, rng, n, measure_decision=n == 0 and not args.calibrate))
         print(f"launch {n + 1}/{args.launches}: median kernel/stock " + ", ".join(
-            f"batch {b}: {statistics.median(launches[-1]['ratios'][b]):.4f}" for b in args.sizes),
+            f"batch {b}: {statistics.median(_flatten(launches[-1]['ratios'][b])):.4f}" for b in args.sizes),
             file=sys.stderr, flush=True)  # progress (stderr, so --json stays one document)
     first = launches[0]
     result: dict[str, Any] = {}
@@ -437,11 +515,13 @@ def drive(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         low, high = bootstrap_median(per_launch, args.bootstrap)
         decision = first["decision"][b]
         result[str(b)] = {
-            "ratio": statistics.median(r for ratios in per_launch for r in ratios), "low": low, "high": high,
-            "launch_ratios": [statistics.median(r) for r in per_launch],
+            "ratio": statistics.median(_flatten(per_launch)), "low": low, "high": high,
+            "launch_ratios": [statistics.median(_flatten(r)) for r in per_launch],
+            "round_ratios": [[statistics.median(pairs) for pairs in rounds] for rounds in per_launch],
             "stock_step_ms": statistics.median(x for launch in launches for x in launch["stock_ms"][b]),
             "kernel_step_ms": statistics.median(x for launch in launches for x in launch["kernel_ms"][b]),
-            "pairs": args.pairs, "launches": args.launches, "block_quantile": args.block_quantile,
+            "pairs": args.pairs, "forks": args.forks, "launches": args.launches,
+            "block_quantile": args.block_quantile,
             **seams_summary([launch["seam_ratios"][b] for launch in launches], args.bootstrap),
             "decision_us": first["synthetic"][str(b)]["decode"] if first["synthetic"] else 0.0,
             "decision_us_in_step": statistics.median(d for d, _ in decision) / 1e3 if decision else 0.0,
@@ -462,14 +542,18 @@ def main() -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--batch-sizes", default="1,8,32")
     ap.add_argument("--tokens", type=int, default=10, help="tokens per request per block (decode steps = tokens-1)")
-    # Launches, not pairs, narrow the interval: the launch-to-launch spread (a few per cent) dwarfs the
-    # spread within a launch, so the defaults spend the time on launches.
-    ap.add_argument("--launches", type=int, default=30,
-                    help="fresh stock + kernel process pairs, each laid out anew (default 30)")
-    ap.add_argument("--pairs", type=int, default=10,
-                    help="stock/kernel block pairs per batch size and launch (default 10)")
-    ap.add_argument("--seam-pairs", type=int, default=10,
-                    help="per launch and batch size: kernel blocks with per-step seams on / off, paired (default 10)")
+    # Placements, not pairs, narrow the interval: the spread between process pairs (a few per cent) dwarfs
+    # the spread within one, so the defaults spend the time on launches and on forked rounds (a fork costs
+    # a second, a launch twenty).
+    ap.add_argument("--launches", type=int, default=10,
+                    help="fresh stock + kernel process pairs, each laid out anew (default 10)")
+    ap.add_argument("--forks", type=int, default=24,
+                    help="rounds per launch, each in forked children of both engines (default 24; 0: no fork, "
+                    "one round in the engines themselves)")
+    ap.add_argument("--pairs", type=int, default=6,
+                    help="stock/kernel block pairs per batch size and round (default 6)")
+    ap.add_argument("--seam-pairs", type=int, default=20,
+                    help="per launch and batch size: kernel blocks with per-step seams on / off, paired (default 20)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the launches' layouts and of the bootstrap")
     ap.add_argument("--block-quantile", type=float, default=0.1,
                     help="a block's step time is this quantile of its decode steps (default 0.1; 0.5: the median)")
@@ -479,6 +563,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="OMP_NUM_THREADS of both engines (default 1: fewer threads contend on a shared host; "
                     "0 leaves vLLM's default)")
+    ap.add_argument("--kernel-setting", action="append", default=[], metavar="ASCEND_KERNEL_NAME=VALUE",
+                    help="a kernel setting for the kernel engine (repeatable): measures that plan, "
+                    "e.g. ASCEND_KERNEL_SAMPLER=vllm-default")
     ap.add_argument("--calibrate", action="store_true",
                     help="A/A run: stock vLLM against itself, same protocol; the ratio's interval should hold 1")
     ap.add_argument("--json", action="store_true")
@@ -491,6 +578,9 @@ def main() -> int:
     if args.engine:
         return engine_main(args.engine, args.model, args.max_batch, None if args.cpu < 0 else args.cpu)
     args.sizes = [int(s) for s in args.batch_sizes.split(",")]
+    for setting in args.kernel_setting:
+        if not setting.startswith("ASCEND_KERNEL_") or "=" not in setting:
+            ap.error(f"--kernel-setting {setting!r}: expected ASCEND_KERNEL_NAME=VALUE")
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="step-overhead-") as tmp:
@@ -500,8 +590,9 @@ def main() -> int:
         return 0
     if args.calibrate:
         print("CALIBRATION (A/A): the 'kernel' column is a second stock vLLM engine")
-    print(f"decode step inside the engine, {args.launches} launches x {args.pairs} alternating block pairs per batch size, "
-          f"{args.tokens - 1} decode steps per block, block time = their {args.block_quantile:g} quantile")
+    rounds = f"{args.forks} forked rounds x " if args.forks else ""
+    print(f"decode step inside the engine, {args.launches} launches x {rounds}{args.pairs} alternating block pairs "
+          f"per batch size, {args.tokens - 1} decode steps per block, block time = their {args.block_quantile:g} quantile")
     print(f"{'batch':>5}  {'stock ms':>9}  {'kernel ms':>9}  {'kernel/stock':>12}  {'95% interval':>17}  "
           f"{'launch medians':>14}")
     for b in args.sizes:

@@ -46,3 +46,17 @@ def test_interval_excludes_one_for_a_real_overhead(bench):
     launches = _launches([0.05 + off for off in (0.003, -0.002, 0.001, -0.003, 0.002, 0.0)], pairs=50, noise=0.02)
     low, high = bench.bootstrap_median(launches, rounds=2000)
     assert 1.0 < low < 1.05 < high
+
+
+def test_rounds_nested_in_launches_are_resampled_at_every_level(bench):
+    """With forked rounds, the data nest launches > rounds > pairs: a launch offset shared by its rounds still counts once."""
+    rng = random.Random(5)
+    offsets = [0.04, -0.03, 0.05, -0.04, 0.02, -0.02, 0.03, -0.05, 0.01, -0.01]
+    nested = [[[1.0 + off + rng.gauss(0, 0.01) for _ in range(20)] for _ in range(6)] for off in offsets]
+    low, high = bench.bootstrap_median(nested, rounds=2000)
+    assert low < 1.0 < high
+    # taking every round as a launch of its own would call the launch offsets six times better measured
+    flat_rounds = [pairs for launch in nested for pairs in launch]
+    round_low, round_high = bench.bootstrap_median(flat_rounds, rounds=2000)
+    assert (high - low) > 1.5 * (round_high - round_low)
+    assert bench._flatten(nested) == [x for launch in nested for pairs in launch for x in pairs]
