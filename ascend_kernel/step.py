@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -80,9 +80,9 @@ class StepBatch:
                       drafts: Mapping[str, Sequence[int]] | None) -> tuple[bool, bool, bool]:
         """``(fresh, single_token, single_valid)`` of a live step, by the sums :meth:`of_step` describes.
 
-        The runner's fast path: a policy that decides on these facts alone
-        (``decide_facts``) is answered from a table keyed by this tuple, with
-        no batch object built.
+        The array form, for :meth:`of_step`. The runner's table lookup uses
+        :func:`facts_of_schedule`, which gives the same tuple from the
+        scheduler's output without touching an array.
         """
         fresh = not (num_reqs and num_computed_tokens[0]) and not np.count_nonzero(num_computed_tokens[:num_reqs])
         single = total_tokens == num_reqs
@@ -120,12 +120,45 @@ class StepBatch:
                 f"total_tokens={self.total_tokens})")
 
 
+def facts_of_schedule(scheduler_output: Any, input_batch: Any) -> tuple[bool, bool, bool]:
+    """``(fresh, single_token, single_valid)`` of a step, read from vLLM's ``SchedulerOutput`` first.
+
+    The runner's hot path (a policy with ``decide_facts`` is answered from a
+    table keyed by this tuple). A decode step is answered from Python lists
+    and dicts the scheduler hands over, without touching an array: after the
+    model's forward pass the caches are cold, and a numpy element read costs
+    several times what these do there. ``fresh`` is false as soon as a cached
+    request has computed tokens; only otherwise (new requests, or resumed
+    ones) are the runner's ``input_batch.num_computed_tokens_cpu`` rows
+    counted, as :meth:`StepBatch.facts_of_step` does. The tuple equals that
+    method's on the runner's arrays, because the runner fills them from
+    these fields: each row's computed count from its request's
+    ``num_computed_tokens``, one row per entry of ``num_scheduled_tokens``.
+    """
+    num_reqs = len(scheduler_output.num_scheduled_tokens)
+    fresh = (not any(scheduler_output.scheduled_cached_reqs.num_computed_tokens)
+             and not np.count_nonzero(input_batch.num_computed_tokens_cpu[:num_reqs]))
+    total = scheduler_output.total_num_scheduled_tokens
+    single = total == num_reqs
+    drafts = scheduler_output.scheduled_spec_decode_tokens
+    if not drafts:
+        return fresh, single, single
+    return fresh, single, total - sum(map(len, drafts.values())) == num_reqs
+
+
+class StateCounter(Protocol):
+    """Steps counted for one attention state (the runner keeps one per state it has seen)."""
+
+    name: str
+    steps: int
+
+
 @dataclass(slots=True)
 class StepTrace:
-    """Counters of per-step decisions (cheap: one dict increment per decision)."""
+    """Counters of per-step decisions (cheap: one slot increment per step, one dict increment per decision)."""
 
-    #: scheduled steps by the attention state decided for them (their sum is :attr:`steps`)
-    attention_states: Counter = field(default_factory=Counter)
+    #: the runner's per-state step counters (its step increments one, nothing else): see :attr:`attention_states`
+    state_counters: list[StateCounter] = field(default_factory=list)
     moe_methods: Counter = field(default_factory=Counter)
     sampler_calls: int = 0
     rejection_sampler_calls: int = 0
@@ -136,10 +169,18 @@ class StepTrace:
     device_counters: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
+    def attention_states(self) -> Counter:
+        """Scheduled steps by the name of the attention state decided for them."""
+        totals: Counter = Counter()
+        for counter in self.state_counters:
+            if counter.steps:
+                totals[counter.name] += counter.steps
+        return totals
+
+    @property
     def steps(self) -> int:
         """Scheduled steps so far: every step decides one attention state (one count, not two, per step)."""
-        return sum(self.attention_states.values())
-
+        return sum(counter.steps for counter in self.state_counters)
     def count(self, counter: str, key: str, amount: int = 1) -> None:
         """Add ``amount`` to ``counter[key]`` (a plugin's per-step fact; one dict update)."""
         bucket = self.counters.get(counter)

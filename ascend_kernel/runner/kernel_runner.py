@@ -12,40 +12,74 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from ascend_kernel import kernel as kernel_mod
 from ascend_kernel.runner.kv_allocation import KVAllocationReport, allocate_kv_caches
-from ascend_kernel.step import StepBatch, StepTrace
+from ascend_kernel.step import StepBatch, StepTrace, facts_of_schedule
 
 logger = logging.getLogger("ascend_kernel")
 
-#: the runner of this process whose step state the platform publishes
-_active_runner: "KernelRunnerMixin | None" = None
+class StepOutcome:
+    """What a step in one attention state publishes, and how many steps had it.
+
+    One object per distinct state and runner, built the first time the state
+    is decided (for a policy with ``decide_facts``, all at start-up), so a
+    step only points :data:`LIVE` at it and counts.
+    """
+
+    __slots__ = ("state", "name", "is_prefill", "extras", "runner", "steps")
+
+    def __init__(self, state: Any, name: str, is_prefill: bool, extras: dict[str, Any] | None,
+                 runner: "KernelRunnerMixin | None") -> None:
+        self.state = state
+        self.name = name
+        self.is_prefill = is_prefill
+        #: vLLM's forward-context extras for every pass of the step, or None when they depend on the pass (MoE)
+        self.extras = extras
+        self.runner = runner
+        self.steps = 0
+
+
+class LiveStep:
+    """The step this process's forward passes belong to: one slot, written once per step.
+
+    The platform's forward-context hook and the backends read it on every
+    pass; keeping it in one small object (not in the runner's large instance
+    dict) is what makes those reads cheap when the caches are cold.
+    """
+
+    __slots__ = ("outcome",)
+
+    def __init__(self, outcome: StepOutcome) -> None:
+        self.outcome = outcome
+
+
+#: before any kernel runner exists: no state, nothing added to the forward context
+NO_RUNNER = StepOutcome(None, "", False, {}, None)
+#: the published step of this process (a kernel runner points it at its outcome of each step, or its idle one)
+LIVE = LiveStep(NO_RUNNER)
 
 
 def current_attn_state() -> Any:
-    """The attention state of the active runner's current step.
+    """The attention state of the current step.
 
     None before the first step and in passes that are not a scheduled step's
     (dummy, profile and capture runs, the drafter's proposals).
     """
-    runner = _active_runner
-    return runner.kernel_attn_state if runner is not None else None
+    return LIVE.outcome.state
 
 
 def current_trace() -> StepTrace | None:
-    """The active runner's step trace while a scheduled step runs, for plugins that count per-step facts.
+    """The stepping runner's trace while a scheduled step runs, for plugins that count per-step facts.
 
     None outside a step (no engine, vLLM's dummy, profile and capture runs, the
     drafter's proposals), so that counts describe the target's steps and nothing else.
     """
-    runner = _active_runner
-    if runner is None or runner.kernel_attn_state is None:
-        return None
-    return runner.kernel_trace
+    outcome = LIVE.outcome
+    return outcome.runner.kernel_trace if outcome.state is not None else None
 
 
 def attn_modules_per_layer(layer_names: Any) -> int:
@@ -65,21 +99,28 @@ def attn_modules_per_layer(layer_names: Any) -> int:
     return max(per_layer.values(), default=1)
 
 
-class StepOutcome(NamedTuple):
-    """What one step's attention state makes the runner publish, computed once per distinct state."""
-
-    state: Any
-    name: str
-    is_prefill: bool
-    #: vLLM's forward-context extras for every pass of the step, or None when they depend on the pass (MoE)
-    extras: dict[str, Any] | None
-
-
 class KernelRunnerMixin:
     """Routes the runner's feature seams through the kernel's plan."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Resolve once, per concrete runner class, the vLLM methods the step wraps.
+
+        ``super()._prepare_inputs(...)`` builds a super object and walks the
+        class dicts after the mixin on every call; in a step, where the caches
+        are cold, that costs microseconds. The wrapped method is found here
+        the same way super() would find it (the classes after the mixin in
+        the subclass's MRO) and kept as ``_vllm_<name>``.
+        """
+        super().__init_subclass__(**kwargs)
+        mro = cls.__mro__
+        after_mixin = mro[mro.index(KernelRunnerMixin) + 1:]
+        for name in ("_prepare_inputs", "_sample"):
+            for klass in after_mixin:
+                if name in klass.__dict__:
+                    setattr(cls, f"_vllm{name}", klass.__dict__[name])
+                    break
+
     def __init__(self, vllm_config: Any, device: Any) -> None:
-        global _active_runner
         super().__init__(vllm_config, device)  # type: ignore[call-arg]
         self.kernel = kernel_mod.activate(vllm_config, configure=False)
         plan = self.kernel.resolve(vllm_config)
@@ -93,83 +134,85 @@ class KernelRunnerMixin:
                 self.kernel_model_patches.extend(prepare_model(vllm_config))
         self.kernel_trace = StepTrace()
         self.kernel_kv_report = KVAllocationReport()
-        self._bind_step_policies(plan.attention_state, plan.moe_comm)
         # Sampling and drafting objects replace what vLLM's __init__ built.
         self.sampler = plan.sampler.build(vllm_config)
         if plan.drafter is not None:
             self.drafter = plan.drafter.build(self)
         if plan.rejection_sampler is not None:
             self.rejection_sampler = plan.rejection_sampler.build(self.sampler, vllm_config, self.device)
-        _active_runner = self
+        # last: from here on this runner's steps are what the process's forward passes see
+        self._bind_step_policies(plan.attention_state, plan.moe_comm)
 
     def _bind_step_policies(self, state_policy: Any, moe_policy: Any) -> None:
-        """Bind the per-step policies once; what a step needs from them is tabulated where it can be."""
+        """Bind the per-step policies once, tabulate what a step needs from them, and publish the idle state."""
         self._decide_attn_state = state_policy.decide
         # a policy with experts to serve is asked per forward pass; without, the runner never calls it
         self._select_moe_comm = moe_policy.select if getattr(moe_policy, "is_moe", True) else None
-        self._kernel_outcome: StepOutcome = self._outcome_of(None)
-        self._kernel_idle_outcome = self._kernel_outcome
+        self._kernel_outcomes: dict[int, StepOutcome] = {}
+        self._kernel_idle_outcome = self._outcome_of(None)
         decide_facts = getattr(state_policy, "decide_facts", None)
         self._outcome_by_facts: dict[tuple[bool, bool, bool], StepOutcome] | None = None
         if decide_facts is not None:
             self._outcome_by_facts = {facts: self._outcome_of(decide_facts(*facts))
                                       for facts in itertools.product((False, True), repeat=3)}
-        self._publish(self._kernel_idle_outcome)
+        LIVE.outcome = self._kernel_idle_outcome
 
     # -- per step ---------------------------------------------------------------
     #
-    # The step state (attention state, prefill flag, forward-context extras) is set by _prepare_inputs
-    # and holds until the next step, a dummy run or the drafter's proposal: those run forward passes
-    # of their own and see the idle state. No wrapper around execute_model: nothing per step is added
-    # that a rare method can do instead.
+    # The step state is published by _prepare_inputs (LIVE.outcome) and holds until the next step, a
+    # dummy run or the drafter's proposal: those run forward passes of their own and see the idle state.
+    # No wrapper around execute_model: nothing per step is added that a rare method can do instead.
 
-    def _outcome_of(self, state: Any) -> "StepOutcome":
-        """What a step with attention state ``state`` publishes (None: outside a step)."""
-        if state is None:
-            name, is_prefill = "", False
-        else:
-            name, is_prefill = state.name, bool(state.is_prefill)
-        # Without experts the forward context is the same for every pass of the step: built once, here.
-        extras = {"ascend_attn_state": state, "moe_comm_method": None} if self._select_moe_comm is None else None
-        return StepOutcome(state, name, is_prefill, extras)
-
-    def _publish(self, outcome: "StepOutcome") -> None:
-        self._kernel_outcome = outcome
-        self.kernel_attn_state, _, self._kernel_with_prefill, self.kernel_step_extras = outcome
+    def _outcome_of(self, state: Any) -> StepOutcome:
+        """This runner's outcome for attention state ``state`` (None: outside a step), built once per state."""
+        outcome = self._kernel_outcomes.get(id(state))
+        if outcome is None:
+            name, is_prefill = ("", False) if state is None else (state.name, bool(state.is_prefill))
+            # Without experts the forward context is the same for every pass of the step: built once, here.
+            extras = ({"ascend_attn_state": state, "moe_comm_method": None}
+                      if self._select_moe_comm is None else None)
+            outcome = self._kernel_outcomes[id(state)] = StepOutcome(state, name, is_prefill, extras, self)
+            if state is not None:
+                self.kernel_trace.state_counters.append(outcome)
+        return outcome
 
     def _kernel_idle(self) -> None:
         """Forward passes outside a scheduled step (dummy, profile, capture, drafting) see no step state."""
-        self._publish(self._kernel_idle_outcome)
+        LIVE.outcome = self._kernel_idle_outcome
+
+    @property
+    def kernel_attn_state(self) -> Any:
+        """This runner's attention state for the step being run (None outside a step, or another runner's)."""
+        outcome = LIVE.outcome
+        return outcome.state if outcome.runner is self else None
+
+    @property
+    def _kernel_with_prefill(self) -> bool:
+        outcome = LIVE.outcome
+        return outcome.is_prefill if outcome.runner is self else False
 
     def _prepare_inputs(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray):
-        out = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)  # type: ignore[misc]
+        out = self._vllm_prepare_inputs(scheduler_output, num_scheduled_tokens)  # type: ignore[attr-defined]
         self._kernel_step(scheduler_output, num_scheduled_tokens)
         return out
 
     def _kernel_step(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray) -> None:
-        """The kernel's decisions for one scheduled step: the attention state, counted in the trace.
+        """The kernel's decisions for one scheduled step: the attention state, published and counted.
 
         A policy with ``decide_facts`` is answered from the table built at
-        start-up (the step computes three facts by sums and looks them up);
-        any other gets a :class:`StepBatch`. With the platform's forward-context
-        hook this is the kernel's whole per-step cost (``bench/step_overhead.py``
-        times it inside a live engine).
+        start-up, keyed by three facts read from the scheduler's output
+        (:func:`facts_of_schedule`); any other gets a :class:`StepBatch`. With
+        the platform's forward-context hook this is the kernel's whole
+        per-step cost (``bench/step_overhead.py`` times it inside a live
+        engine): a lookup, one slot written, one slot counted.
         """
         table = self._outcome_by_facts
         if table is not None:
-            batch = self.input_batch  # type: ignore[attr-defined]
-            outcome = table[StepBatch.facts_of_step(batch.num_reqs, batch.num_computed_tokens_cpu,
-                                                    scheduler_output.total_num_scheduled_tokens,
-                                                    scheduler_output.scheduled_spec_decode_tokens)]
+            outcome = table[facts_of_schedule(scheduler_output, self.input_batch)]  # type: ignore[attr-defined]
         else:
-            state = self._decide_attn_state(self._step_batch(scheduler_output, num_scheduled_tokens))
-            outcome = self._kernel_outcome
-            if state is not outcome.state:
-                outcome = self._outcome_of(state)
-        # published here, not through _publish: one frame less per step
-        self._kernel_outcome = outcome
-        self.kernel_attn_state, name, self._kernel_with_prefill, self.kernel_step_extras = outcome
-        self.kernel_trace.attention_states[name] += 1
+            outcome = self._outcome_of(self._decide_attn_state(self._step_batch(scheduler_output, num_scheduled_tokens)))
+        LIVE.outcome = outcome
+        outcome.steps += 1
 
     def _step_batch(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray) -> StepBatch:
         """The step's batch from what vLLM already computed (its facts are sums; see StepBatch.of_step)."""
@@ -180,17 +223,18 @@ class KernelRunnerMixin:
                                  batch.req_ids if drafts else ())
 
     def kernel_forward_extras(self, num_tokens: int | None) -> dict[str, Any]:
-        """The forward context's extras for one pass: the step's, or with the MoE method for ``num_tokens``.
+        """The forward context's extras for one pass of this runner's current step (or of an idle pass).
 
-        The platform reads :attr:`kernel_step_extras` first and only calls this
-        when it is None (a model with experts: the method depends on the pass's
-        token count, which differs between the step, the drafter and dummy runs).
+        The platform's hook returns the published outcome's prebuilt extras
+        and calls this only when they are None: a model with experts, whose
+        MoE method depends on the pass's token count (the step, the drafter
+        and dummy runs differ).
         """
-        extras = self.kernel_step_extras
-        if extras is not None:
-            return extras
-        state = self.kernel_attn_state
-        method = self._select_moe_comm(num_tokens or 0, self._kernel_with_prefill)
+        outcome = LIVE.outcome
+        if outcome.extras is not None:
+            return outcome.extras
+        state = outcome.state
+        method = self._select_moe_comm(num_tokens or 0, outcome.is_prefill)
         if state is not None and method is not None:
             self.kernel_trace.moe_methods[method.name] += 1
         # dummy and profile runs (no attention state) still need a method, but are not counted
@@ -201,11 +245,12 @@ class KernelRunnerMixin:
         return super()._dummy_run(*args, **kwargs)  # type: ignore[misc]
 
     def _sample(self, logits: Any, spec_decode_metadata: Any):
+        trace = self.kernel_trace
         if spec_decode_metadata is None:
-            self.kernel_trace.sampler_calls += 1
+            trace.sampler_calls += 1
         else:
-            self.kernel_trace.rejection_sampler_calls += 1
-        return super()._sample(logits, spec_decode_metadata)  # type: ignore[misc]
+            trace.rejection_sampler_calls += 1
+        return self._vllm_sample(logits, spec_decode_metadata)  # type: ignore[attr-defined]
 
     def propose_draft_token_ids(self, *args: Any, **kwargs: Any):
         self._kernel_idle()  # the draft model's passes are not the target's step

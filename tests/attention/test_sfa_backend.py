@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -316,7 +315,8 @@ def test_builder_takes_the_runner_published_state(monkeypatch):
     sc = Scenario(9)
     common = sc.common_metadata([(0, 4), (1, 1)])
     assert sc.builder.build(0, common).attn_state is AttentionState.PrefillNoCache  # policy: all new
-    monkeypatch.setattr(kernel_runner, "_active_runner", SimpleNamespace(kernel_attn_state=AttentionState.SpecDecoding))
+    published = kernel_runner.StepOutcome(AttentionState.SpecDecoding, "SpecDecoding", False, None, None)
+    monkeypatch.setattr(kernel_runner.LIVE, "outcome", published)
     assert sc.builder.build(0, common).attn_state is AttentionState.SpecDecoding
 
 
