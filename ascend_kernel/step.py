@@ -120,7 +120,7 @@ class StepBatch:
                 f"total_tokens={self.total_tokens})")
 
 
-def facts_of_schedule(scheduler_output: Any, input_batch: Any) -> tuple[bool, bool, bool]:
+def facts_of_schedule(scheduler_output: Any, runner: Any) -> tuple[bool, bool, bool]:
     """``(fresh, single_token, single_valid)`` of a step, read from vLLM's ``SchedulerOutput`` first.
 
     The runner's hot path (a policy with ``decide_facts`` is answered from a
@@ -129,15 +129,15 @@ def facts_of_schedule(scheduler_output: Any, input_batch: Any) -> tuple[bool, bo
     model's forward pass the caches are cold, and a numpy element read costs
     several times what these do there. ``fresh`` is false as soon as a cached
     request has computed tokens; only otherwise (new requests, or resumed
-    ones) are the runner's ``input_batch.num_computed_tokens_cpu`` rows
-    counted, as :meth:`StepBatch.facts_of_step` does. The tuple equals that
+    ones) does it read the runner's ``input_batch.num_computed_tokens_cpu``
+    and count its rows, as :meth:`StepBatch.facts_of_step` does. The tuple equals that
     method's on the runner's arrays, because the runner fills them from
     these fields: each row's computed count from its request's
     ``num_computed_tokens``, one row per entry of ``num_scheduled_tokens``.
     """
     num_reqs = len(scheduler_output.num_scheduled_tokens)
     fresh = (not any(scheduler_output.scheduled_cached_reqs.num_computed_tokens)
-             and not np.count_nonzero(input_batch.num_computed_tokens_cpu[:num_reqs]))
+             and not np.count_nonzero(runner.input_batch.num_computed_tokens_cpu[:num_reqs]))
     total = scheduler_output.total_num_scheduled_tokens
     single = total == num_reqs
     drafts = scheduler_output.scheduled_spec_decode_tokens

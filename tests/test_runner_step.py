@@ -138,7 +138,7 @@ def test_step_state_equals_the_array_oracle(config, tabulated, monkeypatch):
     expected_counts: dict[str, int] = {}
     for _ in range(400):
         runner.input_batch, so, scheduled, oracle = random_step(rng)
-        assert facts_of_schedule(so, runner.input_batch) == (oracle.fresh, oracle.single_token, oracle.single_valid)
+        assert facts_of_schedule(so, runner) == (oracle.fresh, oracle.single_token, oracle.single_valid)
         runner._kernel_step(so, scheduled)
         want = policy.decide(oracle)
         assert runner.kernel_attn_state is want, (oracle, runner.kernel_attn_state, want)

@@ -208,7 +208,7 @@ class KernelRunnerMixin:
         """
         table = self._outcome_by_facts
         if table is not None:
-            outcome = table[facts_of_schedule(scheduler_output, self.input_batch)]  # type: ignore[attr-defined]
+            outcome = table[facts_of_schedule(scheduler_output, self)]
         else:
             outcome = self._outcome_of(self._decide_attn_state(self._step_batch(scheduler_output, num_scheduled_tokens)))
         LIVE.outcome = outcome
