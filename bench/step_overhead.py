@@ -570,8 +570,8 @@ def main() -> int:
     # a second, a launch twenty).
     ap.add_argument("--launches", type=int, default=10,
                     help="fresh stock + kernel process pairs, each laid out anew (default 10)")
-    ap.add_argument("--forks", type=int, default=24,
-                    help="rounds per launch, each in forked children of both engines (default 24; 0: no fork, "
+    ap.add_argument("--forks", type=int, default=36,
+                    help="rounds per launch, each in forked children of both engines (default 36; 0: no fork, "
                     "one round in the engines themselves)")
     ap.add_argument("--pairs", type=int, default=6,
                     help="stock/kernel block pairs per batch size and round (default 6)")

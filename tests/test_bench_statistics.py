@@ -60,3 +60,14 @@ def test_rounds_nested_in_launches_are_resampled_at_every_level(bench):
     round_low, round_high = bench.bootstrap_median(flat_rounds, rounds=2000)
     assert (high - low) > 1.5 * (round_high - round_low)
     assert bench._flatten(nested) == [x for launch in nested for pairs in launch for x in pairs]
+
+
+def test_stock_engine_loads_every_vllm_plugin_but_the_kernels(bench):
+    """Stock and kernel processes must differ by the kernel alone: vLLM's own general plugins load in both."""
+    from importlib.metadata import entry_points
+
+    installed = {ep.name: ep.value for group in ("vllm.general_plugins", "vllm.platform_plugins")
+                 for ep in entry_points(group=group)}
+    allowed = bench._vllm_plugins_but_the_kernel()
+    assert "ascend_kernel" in installed and "ascend_kernel" not in allowed
+    assert set(allowed) >= {name for name, value in installed.items() if not value.startswith("ascend_kernel")}
