@@ -183,3 +183,32 @@ def test_a_model_with_experts_gets_a_method_per_forward_pass():
     assert dummy["ascend_attn_state"] is None and dummy["moe_comm_method"].name == "decode-method"
     # dummy passes are not counted
     assert runner.kernel_trace.as_dict()["moe_methods"] == {"prefill-method": 1, "decode-method": 1}
+
+
+def test_the_wrapped_vllm_methods_are_the_ones_super_would_call():
+    """The step calls vLLM's _prepare_inputs and _sample through functions resolved per class, not super()."""
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    from ascend_kernel.runner.cpu import KernelCPUModelRunner
+
+    class Base:
+        def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
+            return "base-prepare"
+
+        def _sample(self, logits, spec_decode_metadata):
+            return "base-sample"
+
+    class Middle(Base):
+        def _sample(self, logits, spec_decode_metadata):
+            return "middle-sample"
+
+    class Runner(KernelRunnerMixin, Middle):
+        pass
+
+    for name in ("_prepare_inputs", "_sample"):
+        assert getattr(KernelCPUModelRunner, f"_vllm{name}") is getattr(CPUModelRunner, name)
+        assert getattr(Runner, f"_vllm{name}") is getattr(super(KernelRunnerMixin, Runner), name)
+    runner = harness(POLICIES["chunked"], DenseMoEPolicy())
+    runner.__class__ = Runner
+    runner.kernel_trace = StepTrace()
+    assert runner._sample(None, None) == "middle-sample" and runner.kernel_trace.sampler_calls == 1
