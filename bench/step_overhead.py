@@ -39,6 +39,12 @@ the default CPU plan is stock vLLM's step; the tokens must not change). Same
 process, same layout: this resolves the kernel's own per-step code to a few
 tenths of a per cent, which the cross-process ratio cannot.
 
+``--kernel-seams off`` runs the kernel engine's rounds with those seams off:
+the cross-process ratio then shows what the kernel's process costs apart from
+its step code. The stock engine loads every installed vLLM plugin except the
+kernel's (a ``VLLM_PLUGINS`` allowlist), so the processes differ by the
+kernel alone.
+
 Also printed: the per-step decision cost (``_kernel_step`` + the platform's
 forward-context hook): ``decision_us`` runs the live runner's methods in
 a loop on a decode batch of that size (synthetic batches up to 256 too),
