@@ -127,13 +127,14 @@ def facts_of_schedule(scheduler_output: Any, runner: Any) -> tuple[bool, bool, b
     table keyed by this tuple). A decode step is answered from Python lists
     and dicts the scheduler hands over, without touching an array: after the
     model's forward pass the caches are cold, and a numpy element read costs
-    several times what these do there. ``fresh`` is false as soon as a cached
-    request has computed tokens; only otherwise (new requests, or resumed
-    ones) does it read the runner's ``input_batch.num_computed_tokens_cpu``
-    and count its rows, as :meth:`StepBatch.facts_of_step` does. The tuple equals that
-    method's on the runner's arrays, because the runner fills them from
-    these fields: each row's computed count from its request's
-    ``num_computed_tokens``, one row per entry of ``num_scheduled_tokens``.
+    several times what these do there. ``fresh`` is false as soon as a
+    cached request has computed tokens; only otherwise (new requests, or
+    resumed ones) does it read the runner's
+    ``input_batch.num_computed_tokens_cpu`` and count its rows, as
+    :meth:`StepBatch.facts_of_step` does. The tuple equals that method's on
+    the runner's arrays, because the runner fills them from these fields:
+    each row's computed count from its request's ``num_computed_tokens``, one
+    row per entry of ``num_scheduled_tokens``.
     """
     num_reqs = len(scheduler_output.num_scheduled_tokens)
     fresh = (not any(scheduler_output.scheduled_cached_reqs.num_computed_tokens)
@@ -181,6 +182,7 @@ class StepTrace:
     def steps(self) -> int:
         """Scheduled steps so far: every step decides one attention state (one count, not two, per step)."""
         return sum(counter.steps for counter in self.state_counters)
+
     def count(self, counter: str, key: str, amount: int = 1) -> None:
         """Add ``amount`` to ``counter[key]`` (a plugin's per-step fact; one dict update)."""
         bucket = self.counters.get(counter)
