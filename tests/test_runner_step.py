@@ -81,7 +81,8 @@ def scheduler_output(computed: list[int], scheduled: list[int], drafts: dict, rn
     rng.shuffle(cached)
     return SimpleNamespace(
         scheduled_new_reqs=[SimpleNamespace(req_id=r, num_computed_tokens=c) for r, c in new],
-        scheduled_cached_reqs=SimpleNamespace(req_ids=[r for r, _ in cached], num_computed_tokens=[c for _, c in cached]),
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[r for r, _ in cached],
+                                              num_computed_tokens=[c for _, c in cached]),
         num_scheduled_tokens={f"r{i}": s for i, s in enumerate(scheduled)},
         total_num_scheduled_tokens=sum(scheduled), scheduled_spec_decode_tokens=drafts)
 
@@ -142,7 +143,7 @@ def test_step_state_equals_the_array_oracle(config, tabulated, monkeypatch):
         runner._kernel_step(so, scheduled)
         want = policy.decide(oracle)
         assert runner.kernel_attn_state is want, (oracle, runner.kernel_attn_state, want)
-        assert runner._kernel_with_prefill is want.is_prefill
+        assert kernel_runner.LIVE.outcome.is_prefill is want.is_prefill
         extras = KernelPlatformMixin.set_additional_forward_context(num_tokens=int(scheduled.sum()))
         assert extras == {"ascend_attn_state": want, "moe_comm_method": None}
         expected_counts[want.name] = expected_counts.get(want.name, 0) + 1

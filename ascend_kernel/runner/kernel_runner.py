@@ -22,6 +22,7 @@ from ascend_kernel.step import StepBatch, StepTrace, facts_of_schedule
 
 logger = logging.getLogger("ascend_kernel")
 
+
 class StepOutcome:
     """What a step in one attention state publishes, and how many steps had it.
 
@@ -186,11 +187,6 @@ class KernelRunnerMixin:
         outcome = LIVE.outcome
         return outcome.state if outcome.runner is self else None
 
-    @property
-    def _kernel_with_prefill(self) -> bool:
-        outcome = LIVE.outcome
-        return outcome.is_prefill if outcome.runner is self else False
-
     def _prepare_inputs(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray):
         out = self._vllm_prepare_inputs(scheduler_output, num_scheduled_tokens)  # type: ignore[attr-defined]
         self._kernel_step(scheduler_output, num_scheduled_tokens)
@@ -210,7 +206,8 @@ class KernelRunnerMixin:
         if table is not None:
             outcome = table[facts_of_schedule(scheduler_output, self)]
         else:
-            outcome = self._outcome_of(self._decide_attn_state(self._step_batch(scheduler_output, num_scheduled_tokens)))
+            state = self._decide_attn_state(self._step_batch(scheduler_output, num_scheduled_tokens))
+            outcome = self._outcome_of(state)
         LIVE.outcome = outcome
         outcome.steps += 1
 
