@@ -33,7 +33,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ascend_kernel.serving import REPORT_PATH, LocalServer  # noqa: E402
+from ascend_kernel.cli.serving import REPORT_PATH, LocalServer  # noqa: E402
 
 WORDS = ("river", "stone", "light", "market", "engine", "garden", "winter", "paper", "signal", "harbor", "copper",
          "orbit", "violin", "desert", "ladder", "cloud")

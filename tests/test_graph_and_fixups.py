@@ -16,7 +16,7 @@ from ascend_kernel.settings import load_settings
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
-    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel.models import create_tiny_model
 
     return create_tiny_model("llama", tmp_path_factory.mktemp("g") / "llama")
 
@@ -152,7 +152,7 @@ def test_npu_refuses_prefix_caching_and_spec_decode_for_mamba_state(tmp_path, ar
     from vllm.config import ModelConfig, VllmConfig
 
     from ascend_kernel.errors import SettingsError
-    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel.models import create_tiny_model
     from ascend_kernel_plugins.kv_cache.mamba import ascend_kernel_configure
 
     path = create_tiny_model(arch, tmp_path / arch)
@@ -179,7 +179,7 @@ def test_mla_scheduling_is_given_back_only_for_the_ascend_backend(tmp_path):
 
     from vllm.config import ModelConfig, VllmConfig
 
-    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel.models import create_tiny_model
     from ascend_kernel_plugins.attention.cpu_fixups import restore_mla_scheduling
 
     path = create_tiny_model("deepseek_v2", tmp_path / "ds")
@@ -202,7 +202,7 @@ def test_cpu_config_hook_knows_sparse_models_go_to_the_ascend_backend(tmp_path, 
     """Unforced, a sparse model's config is fixed for the Ascend backend it will get (no CPU_MLA pin)."""
     from vllm.config import ModelConfig, VllmConfig
 
-    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel.models import create_tiny_model
     from ascend_kernel_plugins.attention.backends import cpu_backend_choice
     from ascend_kernel_plugins.attention.cpu_fixups import mla_cpu_fixups
 

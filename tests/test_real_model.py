@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ascend_kernel import real_model
-from ascend_kernel.real_model import (
+from ascend_kernel.models import real as real_model
+from ascend_kernel.models.real import (
     MARKER_NAME,
     RECIPE_VERSION,
     NotARealModelError,

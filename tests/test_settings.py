@@ -308,7 +308,7 @@ def test_register_activates_the_kernel_on_a_bad_variable(monkeypatch, caplog, va
 
 def test_vllm_config_reports_the_settings_error_itself(tmp_path):
     """Through vLLM: platform detection, then VllmConfig's platform check raises the kernel's error (no engine)."""
-    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel.models import create_tiny_model
 
     model = create_tiny_model("llama", tmp_path / "llama")
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith(ENV_PREFIX)}

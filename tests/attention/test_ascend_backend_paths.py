@@ -140,7 +140,7 @@ def test_step_lengths_come_from_the_host_copy_when_it_is_exact():
 def test_host_lengths_are_exact_unless_async_scheduling_meets_spec_decode(tmp_path):
     from vllm.config import ModelConfig, SpeculativeConfig, VllmConfig
 
-    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel.models import create_tiny_model
     from ascend_kernel_plugins.attention.ascend.backend import host_seq_lens_are_exact
 
     model = ModelConfig(model=str(create_tiny_model("llama", tmp_path / "llama")), max_model_len=128)

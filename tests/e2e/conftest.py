@@ -78,7 +78,7 @@ def tokens(result: dict[str, Any]) -> list[list[int]]:
 
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel.models import create_tiny_model
 
     return create_tiny_model("llama", tmp_path_factory.mktemp("models") / "llama", seed=0)
 

@@ -67,7 +67,7 @@ def test_ngram_speculative_decoding(tiny_llama):
 
 @pytest.fixture(scope="module")
 def tiny_deepseek(tmp_path_factory):
-    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel.models import create_tiny_model
 
     return create_tiny_model("deepseek_v2", tmp_path_factory.mktemp("dsv2") / "deepseek_v2")
 

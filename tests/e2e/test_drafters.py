@@ -80,7 +80,7 @@ def test_third_party_drafter_under_a_new_method_name(tiny_llama, oracle, drafter
 
 @pytest.fixture(scope="module")
 def draft_models(tmp_path_factory):
-    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel.models import create_tiny_model
 
     base = tmp_path_factory.mktemp("draft_models")
     return {arch: create_tiny_model(arch, base / arch) for arch in ("deepseek_mtp", "llama_eagle", "llama_eagle3")}

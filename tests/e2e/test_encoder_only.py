@@ -26,7 +26,7 @@ def embed(model, env):
 def test_bert_embeddings_match_hf_and_stock_with_no_kv_cache(tmp_path):
     from transformers import AutoModel, AutoTokenizer
 
-    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel.models import create_tiny_model
 
     model = create_tiny_model("bert", tmp_path / "bert")
     ours = embed(model, clean_env(ASCEND_KERNEL_DEVICE="cpu"))

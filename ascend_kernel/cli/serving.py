@@ -8,7 +8,7 @@ through to every API-server process by import path). ``ascend-kernel serve``
 uses the second: it adds :data:`MIDDLEWARE` to vLLM's ``--middleware`` list,
 and this middleware answers the one path itself, passing every other request
 on. ``python -m vllm.entrypoints.openai.api_server ... --middleware
-ascend_kernel.serving.KernelReportMiddleware`` (with the kernel's platform
+ascend_kernel.cli.serving.KernelReportMiddleware`` (with the kernel's platform
 active) gets the same route; without the kernel the route answers 404.
 
 The report is the engine's own: ``collective_rpc("ascend_kernel_report")``
@@ -28,7 +28,7 @@ import json
 from typing import Any
 
 REPORT_PATH = "/ascend-kernel/report"
-MIDDLEWARE = "ascend_kernel.serving.KernelReportMiddleware"
+MIDDLEWARE = "ascend_kernel.cli.serving.KernelReportMiddleware"
 RPC_TIMEOUT_S = 60.0
 
 
