@@ -7,6 +7,7 @@ exactly as a user would run it; the Hugging Face oracle runs in-process.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -34,9 +35,30 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+_zygotes: dict[str, Any] = {}
+
+
+def _zygote(flavour: str) -> Any:
+    """The session's zygote of ``flavour`` (started on first use; see tests/e2e/cli_zygote.py)."""
+    from tests.e2e.cli_zygote import Zygote
+
+    if flavour not in _zygotes:
+        _zygotes[flavour] = Zygote(flavour, clean_env(), REPO)
+        atexit.register(_zygotes[flavour].close)
+    return _zygotes[flavour]
+
+
 def run_cli(args: list[str], env: dict[str, str] | None = None, expect_rc: int = 0) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*CLI, *args], cwd=REPO, env=env or clean_env(), capture_output=True, text=True,
-                          timeout=ENGINE_TIMEOUT_S)
+    """``ascend-kernel ARGS`` in a process of its own: forked from a zygote that imported the stack, when one fits."""
+    from tests.e2e.cli_zygote import flavour_for
+
+    env = env or clean_env()
+    flavour = flavour_for(args, env) if os.environ.get("ASCEND_KERNEL_TEST_ZYGOTE", "1") != "0" else None
+    if flavour is not None:
+        proc = _zygote(flavour).run(list(args), env, REPO, ENGINE_TIMEOUT_S)
+    else:
+        proc = subprocess.run([*CLI, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=ENGINE_TIMEOUT_S)
     if proc.returncode != expect_rc:
         raise AssertionError(f"ascend-kernel {' '.join(args)} exited {proc.returncode} (wanted {expect_rc})\n"
                              f"--- stderr tail ---\n{proc.stderr[-4000:]}")
