@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from ascend_kernel.device import DeviceInfo
+from ascend_kernel.errors import SelectionError
 from ascend_kernel_plugins.moe_comm.policy import (
     ALLGATHER,
     ALLTOALL,
@@ -206,3 +207,16 @@ def test_selector_follows_fallback_chains_and_refuses_circles():
     circle = {"a": Method("a", 2, "b"), "b": Method("b", 2, "a")}
     with pytest.raises(Exception, match="circle: a -> b -> a"):
         MethodSelector(circle, lambda n, prefill: "a", ["a"], None, "test")
+
+
+@pytest.mark.parametrize("forced", [None, ALLGATHER])
+def test_expert_parallel_on_310p_is_refused_at_start_up(forced):
+    """The seed's runner raised "Unsupported soc_version" for EP on 310P; the kernel refuses the config up front."""
+    with pytest.raises(SelectionError) as err:
+        AscendMoECommPolicy.from_context(ctx(vllm_config(), soc="310P", forced=forced))
+    message = str(err.value)
+    assert "Unsupported soc_version: 310P" in message and "enable_expert_parallel" in message
+    # without expert parallelism 310P all-gathers, as in the seed; a dense model is never refused
+    p = AscendMoECommPolicy.from_context(ctx(vllm_config(ep=False), soc="310P"))
+    assert p.select(8, False).name == ALLGATHER and p.select(4096, True).name == NAIVE_MULTICAST
+    assert AscendMoECommPolicy.from_context(ctx(vllm_config(is_moe=False), soc="310P")).select(1, False) is None

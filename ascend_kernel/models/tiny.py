@@ -104,6 +104,13 @@ def _check_overrides(arch: str, fields: dict[str, Any]) -> None:
         raise ValueError(f"tiny-model arch {arch!r} has no config field {', '.join(map(repr, unknown))} to override")
 
 
+def _fit_per_layer_lists(config: Any, overrides: dict[str, Any]) -> None:
+    """A new layer count also sizes the per-layer ``layer_types`` list (repeating its pattern), unless overridden."""
+    layer_types = getattr(config, "layer_types", None)
+    if "num_hidden_layers" in overrides and "layer_types" not in overrides and isinstance(layer_types, list):
+        config.layer_types = [layer_types[i % len(layer_types)] for i in range(config.num_hidden_layers)]
+
+
 def _build(arch: str, out: Path, seed: int, dtype: str, overrides: dict[str, Any]) -> None:
     """Write tokenizer, config, weights and generation config for ``arch`` into ``out``."""
     import torch
@@ -117,6 +124,7 @@ def _build(arch: str, out: Path, seed: int, dtype: str, overrides: dict[str, Any
     config = recipe.config(len(tokenizer))
     for name, value in overrides.items():
         setattr(config, name, value)
+    _fit_per_layer_lists(config, overrides)
     config.bos_token_id = ids["bos_token"]
     config.eos_token_id = ids["eos_token"]
     config.pad_token_id = ids["pad_token"]

@@ -36,13 +36,18 @@ def provider_name(setting: str, device_kind: str) -> str:
 
 @functools.cache
 def _provider(name: str) -> Any:
+    from ascend_kernel.ops.opaque import provider_handle
+
     if name == "torch_npu":
         from ascend_kernel.ops.npu import TorchNpuOps
 
-        return TorchNpuOps()
-    from ascend_kernel.ops.reference import ReferenceOps
+        provider: Any = TorchNpuOps()
+    else:
+        from ascend_kernel.ops.reference import ReferenceOps
 
-    return ReferenceOps()
+        provider = ReferenceOps()
+    provider_handle(provider)  # its registered ops find it by this handle (set before any trace)
+    return provider
 
 
 def get_ops(setting: str = "auto", device_kind: str = "cpu") -> Any:

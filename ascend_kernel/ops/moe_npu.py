@@ -6,7 +6,10 @@ anywhere. Not run in this project's CI (no NPU). Where a kernel's documented
 convention differs from the seam's (see
 :mod:`ascend_kernel.ops.moe_reference` for the contracts), the adaptation is
 done here and said next to the call. Empty batches never reach a kernel (the
-kernels reject empty tensors); they are answered directly.
+kernels reject empty tensors); they are answered directly. Each op runs
+behind the same registered torch op as the reference provider's
+(:mod:`ascend_kernel.ops.opaque`), so the host reads some adaptations need
+stay out of traced graphs.
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ from typing import Any
 
 import torch
 
+from ascend_kernel.ops.opaque import seam_op
+
 
 class TorchNpuMoEOps:
     _npu: Any
 
+    @seam_op("moe_gating_top_k_softmax")
     def moe_gating_top_k_softmax(self, router_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Softmax (float32) + top-k, descending, not renormalised.
 
@@ -34,6 +40,7 @@ class TorchNpuMoEOps:
         weights, ids, _ = self._npu.npu_moe_gating_top_k_softmax(router_logits.float(), finished=None, k=k)
         return weights.float(), ids.to(torch.int32)
 
+    @seam_op("moe_init_routing")
     def moe_init_routing(self, x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
                          active_expert_range: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Pairs grouped by expert, only experts in [start, end) kept (see the reference for the contract).
@@ -63,6 +70,7 @@ class TorchNpuMoEOps:
         kept = int(counts.sum())
         return expanded_x[:kept], row_idx.to(torch.int32), counts
 
+    @seam_op("grouped_matmul")
     def grouped_matmul(self, x: torch.Tensor, weight: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
         """Rows in consecutive groups, group g times ``weight[g]`` ([K, N]); rows past the groups give zeros.
 
@@ -84,6 +92,7 @@ class TorchNpuMoEOps:
         return self._npu.npu_grouped_matmul(x=[x], weight=[weight], split_item=2, group_type=0,
                                             group_list_type=0, group_list=ends)[0]
 
+    @seam_op("swiglu")
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """``silu(first half) * second half``: ``npu_swiglu`` computes swish(A) * B with A the first half of ``dim``.
 
@@ -93,6 +102,7 @@ class TorchNpuMoEOps:
             return x.new_empty(*x.shape[:-1], x.shape[-1] // 2)
         return self._npu.npu_swiglu(x.contiguous(), dim=-1)
 
+    @seam_op("moe_token_unpermute")
     def moe_token_unpermute(self, expanded_out: torch.Tensor, expanded_row_idx: torch.Tensor,
                             topk_weights: torch.Tensor) -> torch.Tensor:
         """``out[t] = sum_j w[t, j] * expanded_out[row of (t, j)]``, dropped (-1) pairs adding nothing.

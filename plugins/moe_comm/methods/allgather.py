@@ -8,6 +8,11 @@ active expert range), weights and sums them per token
 ranks' partial outputs and hands each rank the rows of its own batch. Ranks
 holding the same batch (tensor parallel) add up their partials in vLLM's TP
 all-reduce. No capacity limit: the all-gather is what serves any batch.
+
+With one token-group rank and every expert local (no expert parallelism,
+the common case) there is nothing to gather or drop: :meth:`run` hands the
+batch to the experts' weighted MLP in one call (vLLM-CPU's fused kernel on a
+CPU host), skipping the routing and unpermute round trip.
 """
 
 from __future__ import annotations
@@ -39,6 +44,12 @@ class AllGatherMethod(MoECommMethod):
         out = partial.new_empty(longest, partial.shape[-1])
         dist.reduce_scatter_tensor(out, blocks.contiguous(), group=parallel.token_group)
         return out[: sizes[parallel.token_rank]]
+
+    def run(self, hidden, topk_weights, topk_ids, experts, parallel) -> tuple[torch.Tensor, torch.Tensor]:
+        if parallel.ep_size == 1 and parallel.token_size == 1:
+            computed = torch.full((), topk_ids.numel(), dtype=torch.int64, device=hidden.device)
+            return experts.weighted_mlp(hidden, topk_weights, slots_of(topk_ids, experts)), computed
+        return super().run(hidden, topk_weights, topk_ids, experts, parallel)
 
     def dispatch(self, hidden, topk_weights, topk_ids, experts, parallel) -> Dispatched:
         (hidden, weights, slots), sizes = self.gather([hidden, topk_weights, slots_of(topk_ids, experts)], parallel)

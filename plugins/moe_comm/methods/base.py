@@ -57,8 +57,33 @@ class MoECommMethod:
     def combine(self, expert_out: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
         raise NotImplementedError
 
+    def run(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+            experts: LocalExperts, parallel: MoEParallel) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dispatch, this rank's experts, combine: (this rank's partial output, rows its experts computed).
+
+        A method may do the same in fewer steps (all-gather with every expert
+        local hands the whole batch to one fused kernel); the result must not change.
+        """
+        return run_three_steps(self, hidden, topk_weights, topk_ids, experts, parallel)
+
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "capacity": self.capacity, "fallback": self.fallback}
+
+
+def run_three_steps(method: Any, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                    experts: LocalExperts, parallel: MoEParallel) -> tuple[torch.Tensor, torch.Tensor]:
+    """The contract's three calls; also how a third party's method without ``run`` is driven."""
+    dispatched = method.dispatch(hidden, topk_weights, topk_ids, experts, parallel)
+    return method.combine(experts.mlp(dispatched.rows, dispatched.counts), dispatched), dispatched.counts.sum()
+
+
+def run_method(method: Any, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+               experts: LocalExperts, parallel: MoEParallel) -> tuple[torch.Tensor, torch.Tensor]:
+    """``method.run`` where the method has one, else dispatch -> experts -> combine."""
+    run = getattr(method, "run", None)
+    if run is None:
+        return run_three_steps(method, hidden, topk_weights, topk_ids, experts, parallel)
+    return run(hidden, topk_weights, topk_ids, experts, parallel)
 
 
 def slots_of(topk_ids: torch.Tensor, experts: LocalExperts) -> torch.Tensor:

@@ -1,0 +1,108 @@
+"""Seam ops as torch custom ops, so a compiled model sees one opaque call per op on every provider.
+
+Why: under vLLM's default compilation Dynamo traces the model's forward. The
+MoE ops have data-dependent shapes (how many rows routing keeps) and the
+readable implementations read counts on the host; traced, either fails the
+whole graph. Registered as ``torch.library`` ops with fake (shape-only)
+implementations, each op is a single node Dynamo never looks inside.
+
+One op per seam op, shared by the providers: its first argument is the
+provider's *handle* (its name, a constant in a traced graph), and the op runs
+that provider's own method eagerly. So the torch_npu provider (or a stand-in
+for torch_npu in a test) and the reference provider go through the same
+registered op, and an op's fake is written once, from the seam's contract.
+
+Usage, in a provider class::
+
+    @seam_op("swiglu")
+    def swiglu(self, x): ...   # the readable eager body
+
+The decorated method calls ``torch.ops.ascend_kernel.swiglu(handle, x)``;
+``method.eager`` is the original body.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+
+_LIB = torch.library.Library("ascend_kernel", "FRAGMENT")  # noqa: TOR901 - a namespace of our own
+_PROVIDERS: dict[str, Any] = {}
+_DEFINED: set[str] = set()
+
+
+def provider_handle(provider: Any) -> str:
+    """The key an op uses to find ``provider`` again: its ``name``, stable across processes.
+
+    A traced graph keeps the key as a constant, and vLLM caches compiled
+    graphs on disk, so the key must mean the same provider in the next
+    process: the first provider of a name gets the bare name; another live
+    provider of the same name (a test's second stand-in) gets ``name#2``...
+    """
+    handle = getattr(provider, "_seam_handle", None)
+    if handle is not None and _PROVIDERS.get(handle) is provider:
+        return handle
+    # first use in this process (a provider unpickled in a worker carries its old key, unregistered here)
+    base = str(getattr(provider, "name", type(provider).__name__))
+    handle, n = base, 1
+    while _PROVIDERS.get(handle) not in (None, provider):
+        n += 1
+        handle = f"{base}#{n}"
+    _PROVIDERS[handle] = provider
+    provider._seam_handle = handle
+    return handle
+
+
+@functools.cache
+def _eager_body(owner_cls: type, op_name: str) -> Callable[..., Any]:
+    """The readable body a provider class routes through op ``op_name`` (its method may have another name)."""
+    for klass in owner_cls.__mro__:
+        for attr in vars(klass).values():
+            if getattr(attr, "seam_op_name", None) == op_name:
+                return attr.eager
+    raise TypeError(f"{owner_cls.__qualname__} has no method routed through ascend_kernel::{op_name}")
+
+
+def define_op(name: str, schema: str, fake: Callable[..., Any]) -> None:
+    """Register ``ascend_kernel::name(str provider, <schema args>)`` with its fake; once per process."""
+    if name in _DEFINED:
+        return
+    _LIB.define(f"{name}(str provider, {schema}")
+
+    def impl(provider: str, *args: Any) -> Any:
+        owner = _PROVIDERS[provider]
+        return _eager_body(type(owner), name)(owner, *args)
+
+    _LIB.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"ascend_kernel::{name}", lambda provider, *args: fake(*args), lib=_LIB)
+    _DEFINED.add(name)
+
+
+def seam_op(name: str, schema: str | None = None,
+            fake: Callable[..., Any] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Route a provider method through the registered op ``name``.
+
+    The seam's ops are defined in :mod:`.moe_fakes`; a plugin may define its
+    own by giving the schema (arguments after the handle) and the fake.
+    """
+    if schema is None:
+        from ascend_kernel.ops import moe_fakes
+
+        moe_fakes.define_all()
+    else:
+        assert fake is not None, f"op {name} needs a fake implementation"
+        define_op(name, schema, fake)
+    op = getattr(torch.ops.ascend_kernel, name)
+
+    def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def call(self: Any, *args: Any) -> Any:
+            return op(provider_handle(self), *args)
+
+        call.eager = method  # type: ignore[attr-defined]
+        call.seam_op_name = name  # type: ignore[attr-defined]
+        return call
+
+    return wrap
