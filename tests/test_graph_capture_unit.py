@@ -10,6 +10,8 @@ inductor, without a C++ compile per shape); the e2e test runs inductor.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -70,7 +72,10 @@ def cfg(tmp_path_factory):
 
     model = create_tiny_model("llama", tmp_path_factory.mktemp("cg") / "llama")
     config = VllmConfig(model_config=ModelConfig(model=str(model), max_model_len=128))
-    changes = resolve_cpu_graph_config(config, [1, 2, 4])
+    with pytest.MonkeyPatch.context() as env:  # the mode turns vLLM's AOT compile off: not for the other tests
+        env.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+        changes = resolve_cpu_graph_config(config, [1, 2, 4])
+        config.aot_env = os.environ["VLLM_USE_AOT_COMPILE"]
     # in an engine vLLM chooses the splitting ops once, after the platform hook; this config already had them
     # chosen for the CPU platform's trace-once mode (none), so they are chosen again for piecewise
     config.compilation_config.splitting_ops = None
@@ -88,7 +93,8 @@ def test_config_is_piecewise_at_the_sizes(cfg):
     assert comp.cudagraph_capture_sizes == [1, 2, 4] and comp.max_cudagraph_capture_size == 4
     assert comp.is_attention_compiled_piecewise()
     assert all(c.reason for c in cfg.changes)
-    assert "compilation_config.cudagraph_capture_sizes" in {c.path for c in cfg.changes}
+    assert {"compilation_config.cudagraph_capture_sizes", "env.VLLM_USE_AOT_COMPILE"} <= {c.path for c in cfg.changes}
+    assert cfg.aot_env == "0"
 
 
 def test_modes_answer_the_platform():

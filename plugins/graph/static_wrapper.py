@@ -134,6 +134,21 @@ def _target_of(runnable: Any) -> tuple[Callable[..., Any], Callable[[Any], Any],
     return runnable, (lambda out: out), None
 
 
+def _compile_static(target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                    backend: str) -> Callable[..., Any]:
+    """One shape's artifact: inductor's standalone compile of an FX graph at the inputs' exact shapes.
+
+    A standalone artifact is called without Dynamo's frame hook and guards (a
+    replay is a plain call into generated code); anything that is not an FX
+    graph, or another backend, goes through ``torch.compile(dynamic=False)``.
+    """
+    if backend == "inductor" and isinstance(target, torch.fx.GraphModule) and not kwargs:
+        from torch._inductor import standalone_compile
+
+        return standalone_compile(target, list(args), dynamic_shapes="from_example_inputs")
+    return torch.compile(target, backend=backend, dynamic=False)
+
+
 class StaticShapeWrapper:
     """vLLM's static graph wrapper interface (``CUDAGraphWrapper``'s constructor), captured per batch descriptor."""
 
@@ -195,7 +210,7 @@ class StaticShapeWrapper:
         # one artifact per size of the same piece: Dynamo keeps them as entries of one code object
         limits = torch._dynamo.config
         limits.recompile_limit = max(limits.recompile_limit, len(self.entries) + 8)
-        compiled = torch.compile(self._target, backend=self.book.backend, dynamic=False)
+        compiled = _compile_static(self._target, args, kwargs, self.book.backend)
         shaped = self._shaped
 
         def artifact(*a: Any, **kw: Any) -> Any:
