@@ -230,3 +230,21 @@ def test_no_capture_outside_vllms_capture_loop(cfg, dispatch, wrapper):
     set_cudagraph_capturing_enabled(False)
     with pytest.raises(RuntimeError, match="(?i)captur"):
         run(cfg, dispatch, wrapper, x, w, 2)
+
+
+def test_platform_asks_the_chosen_mode(monkeypatch):
+    """The kernel platform's static-graph answers come from the plan's graph object (none before a plan)."""
+    from types import SimpleNamespace
+
+    from ascend_kernel import kernel as kernel_mod
+    from ascend_kernel.platform.common import KernelPlatformMixin
+    from ascend_kernel_plugins.graph.cpu_graph import WRAPPER_CLS, CpuGraphMode
+    from ascend_kernel_plugins.graph.modes import EagerMode
+
+    monkeypatch.setattr(kernel_mod, "_current", None)
+    assert KernelPlatformMixin.support_static_graph_mode() is False
+    for mode, supported in ((CpuGraphMode([1], "test"), True), (EagerMode(), False)):
+        monkeypatch.setattr(kernel_mod, "_current", SimpleNamespace(plan=SimpleNamespace(graph=mode)))
+        assert KernelPlatformMixin.support_static_graph_mode() is supported
+        assert KernelPlatformMixin.get_static_graph_wrapper_cls() == mode.static_graph_wrapper_cls()
+    assert CpuGraphMode([1], "test").static_graph_wrapper_cls() == WRAPPER_CLS
