@@ -279,9 +279,14 @@ def ascend_kernel_graph_modes() -> "list[Implementation]":
     """Offer graph-capture modes (family ``graph``).
 
     The built object must provide ``capture_sizes(vllm_config) -> list[int]``
-    (the batch sizes it captures), ``capture(runner) -> int`` (capture at
-    start-up, returns bytes used) and ``padded_num_tokens(num_tokens) -> int``
-    (runtime dispatch: the captured size a batch runs at).
+    (the batch sizes it captures), ``capture(runner, base_capture) -> int``
+    (capture at start-up, returns bytes used; ``base_capture`` is vLLM's
+    ``capture_model``), ``padded_num_tokens(num_tokens) -> int`` (runtime
+    dispatch: the captured size a batch runs at), and the platform's
+    static-graph answers ``supports_static_graph() -> bool`` and
+    ``static_graph_wrapper_cls() -> str`` (the dotted class vLLM wraps
+    captured pieces in). Optional ``describe() -> dict``: the report's
+    ``graph`` object (mode, captured sizes, capture time, replays).
     """
 
 

@@ -32,6 +32,7 @@ SETTINGS_COMMAND = "ascend-kernel settings"
 LIST_SETTINGS = ("plugins", "disable_plugins")
 
 NameList = Annotated[tuple[str, ...] | None, NoDecode]
+SizeList = Annotated[list[int] | None, NoDecode]
 
 
 def _split_names(value: Any) -> tuple[str, ...] | None:
@@ -44,6 +45,23 @@ def _split_names(value: Any) -> tuple[str, ...] | None:
     else:
         raise ValueError("must be a comma-separated string or a list of plugin names")
     return tuple(normalise_name(v) for v in items if v)
+
+
+def parse_capture_sizes(value: Any) -> list[int] | None:
+    """Capture sizes from ``"1,2,4"`` or a list: positive whole numbers, sorted, without repeats."""
+    if value is None:
+        return None
+    items = [v.strip() for v in value.split(",")] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ValueError("must be a non-empty comma-separated list of positive whole numbers")
+    sizes = []
+    for item in items:
+        if isinstance(item, bool) or not (isinstance(item, int) or (isinstance(item, str) and item.isdigit())):
+            raise ValueError(f"{item!r} is not a positive whole number")
+        if int(item) < 1:
+            raise ValueError(f"{item!r} is not a positive whole number")
+        sizes.append(int(item))
+    return sorted(set(sizes))
 
 
 def normalise_name(name: str) -> str:
@@ -95,6 +113,10 @@ class KernelSettings(BaseSettings):
     rejection_sampler: str = Field(AUTO, description="Force the rejection sampler by name.")
     graph_mode: str = Field(AUTO, description="Force the graph-capture mode by name.")
     layer_ops: str = Field(AUTO, description="Force the model-layer ops (RMSNorm, rotary) provider by name.")
+    graph_capture_sizes: SizeList = Field(
+        None, description="Batch sizes (tokens) a capturing graph mode captures, comma separated; "
+        "unset means the mode's default. Larger batches run eagerly.",
+    )
 
     # -- feature toggles (typed replacements of the seeds' VLLM_ASCEND_* env vars)
     enable_topk_topp_optimization: bool = Field(
@@ -124,6 +146,11 @@ class KernelSettings(BaseSettings):
     @classmethod
     def _deny_names(cls, value: Any) -> tuple[str, ...]:
         return _split_names(value) or ()
+
+    @field_validator("graph_capture_sizes", mode="before")
+    @classmethod
+    def _sizes(cls, value: Any) -> list[int] | None:
+        return parse_capture_sizes(value)
 
     @field_validator(
         "attention_backend", "attention_state", "attention_mask", "kv_cache_layout",
@@ -172,6 +199,8 @@ def allowed_values(field: str) -> str:
         return "a whole number" + (f" >= {bound}" if bound is not None else "")
     if field in LIST_SETTINGS:
         return "comma-separated plugin names (empty for none)"
+    if field == "graph_capture_sizes":
+        return "comma-separated positive whole numbers (e.g. 1,2,4)"
     return f"{AUTO!r} or a non-empty implementation name, as listed by `ascend-kernel plugins`"
 
 
@@ -235,7 +264,8 @@ def _describe(error: dict[str, Any], overrides: Mapping[str, Any]) -> str:
     source = _source_of(field, overrides)
     value = overrides.get(field) if field in overrides else _env_value(KernelSettings.env_name(field))
     message = f"{source}={value!r} is not allowed: {error.get('msg', 'invalid value')}"
-    if field in KernelSettings.model_fields and KernelSettings.model_fields[field].annotation in (bool, int):
+    if field == "graph_capture_sizes" or (
+            field in KernelSettings.model_fields and KernelSettings.model_fields[field].annotation in (bool, int)):
         message += f"; allowed: {allowed_values(field)}"
     return message
 

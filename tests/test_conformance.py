@@ -95,6 +95,8 @@ def test_every_builtin_implementation_conforms(builtin_report):
     ("layer_ops", "ascend", "matches-vllm-native"),
     ("graph", "eager", "pads-monotonically"),
     ("graph", "aclgraph", "pads-to-captured-size"),  # on a simulated NPU: its padding is host logic
+    ("graph", "cpu-graph", "static-graph"),
+    ("graph", "cpu-graph", "pads-to-captured-size"),
     ("drafter", "ngram", "proposals"),
     ("attention_backend", "ascend", "backend-class"),
 ])
@@ -145,7 +147,7 @@ def test_cli_exits_non_zero_naming_plugin_implementation_and_contract(on_path, c
     assert rc == 1
     assert "plugin 'broken' sampler 'off-by-one': contract 'greedy-argmax' FAIL" in out.err
     assert "plugin 'broken' graph 'shrinking': contract 'pads-monotonically' FAIL" in out.err
-    assert "6 passed, 4 failed, 1 skipped" in out.out
+    assert "7 passed, 4 failed, 1 skipped" in out.out  # graph: interface, static-graph, capture-sizes pass
 
 
 def test_cli_unknown_plugin_is_a_usage_error(capsys):

@@ -182,6 +182,10 @@ def _report_text(report: dict[str, Any] | None) -> str:
         parts.append(f"step trace: {t['steps']} steps, attention states {t['attention_states']}, "
                      f"MoE methods {t['moe_methods'] or '-'}, sampler calls {t['sampler_calls']}, "
                      f"rejection-sampler calls {t['rejection_sampler_calls']}, drafter calls {t['drafter_calls']}")
+    graph = report.get("graph") or {}
+    if graph.get("captured_sizes"):
+        parts.append(f"graph: {graph['mode']}, captured {graph['captured_sizes']} in {graph['capture_s']} s, "
+                     f"replays {graph['replays'] or '-'}, eager fallbacks {graph['eager_fallbacks']} ({graph['why']})")
     if report.get("config_changes"):
         parts.append("config changes:\n" + "\n".join(
             f"  {c['path']}: {c['old']} -> {c['new']} ({c['plugin']}: {c['reason']})" for c in report["config_changes"]))

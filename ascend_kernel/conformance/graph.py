@@ -3,7 +3,10 @@
 The mode is built under a config that asks for capture sizes
 (:data:`~ascend_kernel.conformance.environment.GRAPH_CAPTURE_SIZES`), then:
 
-* ``interface``: ``capture_sizes``, ``capture`` and ``padded_num_tokens`` are callable;
+* ``interface``: ``capture_sizes``, ``capture``, ``padded_num_tokens`` and the
+  platform's static-graph answers (``supports_static_graph``, ``static_graph_wrapper_cls``) are callable;
+* ``static-graph``: ``supports_static_graph()`` is a bool and, when True,
+  ``static_graph_wrapper_cls()`` names an importable class;
 * ``capture-sizes``: ``capture_sizes(vllm_config)`` is a list of positive whole numbers;
 * ``pads-monotonically``: ``padded_num_tokens(n) >= n`` and non-decreasing in ``n``,
   for every ``n`` from 1 to twice the largest capture size;
@@ -33,9 +36,22 @@ def check(found: Any, mode: Any, checks: Checks) -> None:
     state: dict[str, Any] = {}
 
     def interface() -> str:
-        missing = [m for m in ("capture_sizes", "capture", "padded_num_tokens") if not callable(getattr(mode, m, None))]
+        names = ("capture_sizes", "capture", "padded_num_tokens", "supports_static_graph", "static_graph_wrapper_cls")
+        missing = [m for m in names if not callable(getattr(mode, m, None))]
         assert not missing, f"{type(mode).__name__} lacks {', '.join(missing)}"
-        return "capture_sizes, capture, padded_num_tokens"
+        return ", ".join(names)
+
+    def static_graph() -> str:
+        supported = mode.supports_static_graph()
+        assert isinstance(supported, bool), f"supports_static_graph() returned {supported!r}, not a bool"
+        if not supported:
+            return "no static graphs"
+        from vllm.utils.import_utils import resolve_obj_by_qualname
+
+        path = mode.static_graph_wrapper_cls()
+        cls = resolve_obj_by_qualname(path)
+        assert isinstance(cls, type), f"static_graph_wrapper_cls() = {path!r} is not a class"
+        return path
 
     def capture_sizes() -> str:
         sizes = mode.capture_sizes(found.ctx.vllm_config)
@@ -68,6 +84,7 @@ def check(found: Any, mode: Any, checks: Checks) -> None:
         return "every padded size is the batch's own or a captured one"
 
     checks.run("interface", interface)
+    checks.run("static-graph", static_graph)
     checks.run("capture-sizes", capture_sizes)
     checks.run("pads-monotonically", pads_monotonically)
     checks.run("pads-to-captured-size", pads_to_captured)

@@ -32,6 +32,17 @@ class KernelPlatformMixin:
         kernel.resolve(vllm_config)
 
     @classmethod
+    def support_static_graph_mode(cls) -> bool:
+        """Whether the chosen graph mode captures (False before the kernel has chosen one)."""
+        kernel = kernel_mod.current_or_none()
+        return kernel is not None and kernel.plan is not None and kernel.plan.graph.supports_static_graph()
+
+    @classmethod
+    def get_static_graph_wrapper_cls(cls) -> str:
+        """The class vLLM wraps captured pieces in: the chosen graph mode's."""
+        return kernel_mod.current().plan.graph.static_graph_wrapper_cls()
+
+    @classmethod
     def kernel_attn_backend_cls(cls, selected_backend: Any, selector_config: Any, num_heads: int | None,
                                 platform_default: Callable[[], str]) -> str:
         provider = kernel_mod.current().plan.attention_backend

@@ -302,6 +302,8 @@ class KernelRunnerMixin:
         from ascend_kernel.ops import provider_name
 
         report["layer_ops"] = self.kernel_plan.layer_ops.describe()
+        describe_graph = getattr(self.kernel_plan.graph, "describe", None)
+        report["graph"] = describe_graph() if describe_graph is not None else {}
         report["model_patches"] = self.kernel_model_patches
         describe_moe = getattr(self.kernel_plan.moe_comm, "describe", None)
         report["moe_comm"] = describe_moe() if describe_moe is not None else {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 from ascend_kernel.worker.report import KernelReportMixin
@@ -16,3 +18,9 @@ class KernelCPUWorker(KernelReportMixin, CPUWorker):
         from ascend_kernel.runner.cpu import KernelCPUModelRunner
 
         self.model_runner = KernelCPUModelRunner(self.vllm_config, self.device)
+
+    def compile_or_warm_up_model(self) -> Any:
+        """vLLM-CPU never captures; the kernel runner's ``capture_model`` asks the graph mode (eager: nothing)."""
+        times = super().compile_or_warm_up_model()
+        self.model_runner.capture_model()
+        return times

@@ -1,1 +1,1 @@
-"""Graph-capture family: eager, or ACL graphs on an NPU."""
+"""Graph-capture family: eager, ACL graphs on an NPU, static per-size compiled pieces on a CPU (cpu-graph)."""

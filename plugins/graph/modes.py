@@ -21,6 +21,16 @@ MAX_DEFAULT_CAPTURE_SIZE = 512
 class EagerMode:
     __slots__ = ()
 
+    def supports_static_graph(self) -> bool:
+        return False
+
+    def static_graph_wrapper_cls(self) -> str:
+        return "vllm.compilation.base_static_graph.AbstractStaticGraphWrapper"
+
+    def describe(self) -> dict[str, Any]:
+        return {"mode": "eager", "sizes": [], "captured_sizes": [], "capture_s": 0.0, "replays": {},
+                "eager_fallbacks": 0, "why": "no capture: every step runs eagerly"}
+
     def capture_sizes(self, vllm_config: Any) -> list[int]:
         return []
 
@@ -44,8 +54,18 @@ class AclGraphMode:
     def capture_sizes(self, vllm_config: Any) -> list[int]:
         return list(self.sizes)
 
+    def supports_static_graph(self) -> bool:
+        return True
+
+    def static_graph_wrapper_cls(self) -> str:
+        """vLLM's CUDA graph wrapper; on an NPU its graph objects must come from the device seam (never run)."""
+        return "vllm.compilation.cuda_graph.CUDAGraphWrapper"
+
     def capture(self, runner: Any, base_capture: Callable[[], int]) -> int:
         return base_capture()
+
+    def describe(self) -> dict[str, Any]:
+        return {"mode": "aclgraph", "sizes": list(self.sizes), "why": "ACL graphs at the configured sizes"}
 
     def padded_num_tokens(self, num_tokens: int) -> int:
         i = bisect.bisect_left(self.sizes, num_tokens)

@@ -1,4 +1,9 @@
-"""The graph plugin: eager everywhere, ACL graphs on an NPU."""
+"""The graph plugin: eager everywhere, ACL graphs on an NPU, static-shape artifacts on a CPU (``cpu-graph``).
+
+``cpu-graph`` is never the automatic choice (its priority is below eager's):
+it costs start-up time (a compile per piece and capture size), so it runs only
+when ``graph_mode`` names it; see the README's "Graph capture" section.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ ASCEND_KERNEL_ESSENTIAL = "the runner needs a graph mode, if only 'eager'"
 
 @hookimpl
 def ascend_kernel_graph_modes() -> list[Implementation]:
-    from ascend_kernel_plugins.graph import modes
+    from ascend_kernel_plugins.graph import cpu_graph, modes
 
     return [
         Implementation(family="graph", name="eager", factory=lambda ctx: modes.EagerMode(),
@@ -20,13 +25,19 @@ def ascend_kernel_graph_modes() -> list[Implementation]:
         Implementation(family="graph", name="aclgraph", factory=modes.AclGraphMode.from_context,
                        supports=modes.aclgraph_supported, priority=10,
                        description="ACL graph capture/replay at the configured sizes (NPU)"),
+        Implementation(family="graph", name=cpu_graph.NAME, factory=cpu_graph.CpuGraphMode.from_context,
+                       supports=cpu_graph.cpu_graph_supported, priority=-10,
+                       description="static per-size compiled pieces, captured and replayed by vLLM's "
+                       "capture loop and dispatcher (CPU; only when asked for)"),
     ]
 
 
 @hookimpl
 def ascend_kernel_configure(settings: Any, vllm_config: Any, device: Any):
-    from ascend_kernel_plugins.graph import modes
+    from ascend_kernel_plugins.graph import cpu_graph, modes
 
-    if device.kind != "npu":
-        return None
-    return modes.resolve_npu_graph_config(vllm_config)
+    if device.kind == "npu":
+        return modes.resolve_npu_graph_config(vllm_config)
+    if settings.forced("graph_mode") == cpu_graph.NAME:
+        return cpu_graph.resolve_cpu_graph_config(vllm_config, settings.graph_capture_sizes)
+    return None

@@ -50,6 +50,12 @@ class ShrinkingGraphMode:
     def padded_num_tokens(self, num_tokens: int) -> int:
         return max(1, num_tokens - 1)
 
+    def supports_static_graph(self) -> bool:
+        return False
+
+    def static_graph_wrapper_cls(self) -> str:
+        return "vllm.compilation.base_static_graph.AbstractStaticGraphWrapper"
+
 
 @hookimpl
 def ascend_kernel_samplers() -> list[Implementation]:

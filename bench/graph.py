@@ -1,0 +1,163 @@
+"""Decode tokens/s of cpu-graph vs the kernel's eager mode vs stock vLLM-CPU compiled, in one run.
+
+Three engines, each in its own process (vLLM fixes its platform per process),
+started one after another so each start-up is timed alone (``startup_s``:
+building ``LLM``, which includes cpu-graph's capture). Then rounds: in every
+round each engine, in an order rotated per round, runs one block per batch
+size. A block is two greedy generations of ``batch`` copies of one prompt:
+``--tokens`` tokens and 1 token (the prefill alone); their difference is the
+decode time, so ``decode_tok_s = batch * (tokens - 1) / (t_long - t_short)``.
+Per engine and batch the median over rounds is reported, and the ratios
+cpu-graph / eager and cpu-graph / stock-compiled. Every block's tokens must
+equal the other engines' (greedy, same model), or the run fails.
+
+    nice -n 10 .venv/bin/python bench/graph.py --model /tmp/llama [--sizes 1,2,4] [--batches 1,3] [--json]
+
+Honest limits: a shared 2-core VM; processes differ in memory placement by a
+few per cent (see bench/step_overhead.py), which one launch does not average out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PROMPT = "The quick brown fox jumps over the lazy dog while the"
+ENGINES = ("eager", "cpu-graph", "stock-compiled")
+
+
+# -- inside each engine process ------------------------------------------------------------------------
+
+
+def _engine(name: str, model: str, sizes: list[int]) -> Any:
+    from ascend_kernel.cli import engine
+
+    kernel = name != "stock-compiled"
+    engine.prepare_process(kernel=kernel)
+    extra: dict[str, Any] = {}
+    if name == "cpu-graph":
+        extra["additional_config"] = {"ascend_kernel": {"graph_mode": "cpu-graph", "graph_capture_sizes": sizes}}
+    request = engine.EngineRequest(model=model, kernel=kernel, enforce_eager=name == "eager", extra=extra)
+    return engine.build_llm(request)
+
+
+def worker(name: str, model: str, sizes: list[int]) -> None:
+    """Build the engine, say how long it took, then answer one block per request line."""
+    import contextlib
+    import os
+
+    out = sys.stdout
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(sys.stderr):
+        llm = _engine(name, model, sizes)
+        from vllm import SamplingParams
+    startup_s = time.perf_counter() - started
+    report = None
+    if name != "stock-compiled":
+        report = llm.collective_rpc("ascend_kernel_report")[0].get("graph")
+    out.write(json.dumps({"startup_s": startup_s, "graph": report, "pid": os.getpid()}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        request = json.loads(line)
+        batch, tokens = request["batch"], request["tokens"]
+        prompts = [PROMPT] * batch
+        times = {}
+        ids = None
+        with contextlib.redirect_stdout(sys.stderr):
+            for n in (tokens, 1):
+                params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+                t0 = time.perf_counter()
+                result = llm.generate(prompts, params, use_tqdm=False)
+                times[n] = time.perf_counter() - t0
+                if n == tokens:
+                    ids = [list(o.outputs[0].token_ids) for o in result]
+        decode_s = times[tokens] - times[1]
+        out.write(json.dumps({"decode_s": decode_s, "tok_s": batch * (tokens - 1) / decode_s, "ids": ids}) + "\n")
+        out.flush()
+
+
+# -- the driver ----------------------------------------------------------------------------------------
+
+
+class Engine:
+    def __init__(self, name: str, model: str, sizes: list[int]) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--worker", name, "--model", model, "--sizes", ",".join(map(str, sizes))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            cwd=Path(__file__).resolve().parents[1])
+        self.hello = self._read()
+
+    def _read(self) -> dict[str, Any]:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"engine {self.name} exited (rc {self.proc.wait()})")
+        return json.loads(line)
+
+    def block(self, batch: int, tokens: int) -> dict[str, Any]:
+        self.proc.stdin.write(json.dumps({"batch": batch, "tokens": tokens}) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--sizes", default="1,2,4", help="cpu-graph's capture sizes")
+    p.add_argument("--batches", default="1,3", help="decode batch sizes to time")
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.worker:
+        worker(args.worker, args.model, sizes)
+        return 0
+    batches = [int(b) for b in args.batches.split(",")]
+    engines = [Engine(name, args.model, sizes) for name in ENGINES]
+    samples: dict[tuple[str, int], list[float]] = {(e.name, b): [] for e in engines for b in batches}
+    try:
+        for r in range(args.rounds):
+            order = engines[r % len(engines):] + engines[:r % len(engines)]
+            for batch in batches:
+                ids = {}
+                for e in order:
+                    block = e.block(batch, args.tokens)
+                    samples[(e.name, batch)].append(block["tok_s"])
+                    ids[e.name] = block["ids"]
+                if len({json.dumps(v) for v in ids.values()}) != 1:
+                    raise SystemExit(f"tokens differ between engines at batch {batch}: {ids}")
+    finally:
+        for e in engines:
+            e.close()
+    result: dict[str, Any] = {"model": args.model, "sizes": sizes, "tokens": args.tokens, "rounds": args.rounds,
+                              "startup_s": {e.name: round(e.hello["startup_s"], 2) for e in engines},
+                              "graph": next(e.hello["graph"] for e in engines if e.name == "cpu-graph"),
+                              "decode_tok_s": {}, "ratios": {}}
+    for batch in batches:
+        med = {name: statistics.median(samples[(name, batch)]) for name in ENGINES}
+        result["decode_tok_s"][str(batch)] = {k: round(v, 1) for k, v in med.items()}
+        result["ratios"][str(batch)] = {"cpu-graph/eager": round(med["cpu-graph"] / med["eager"], 3),
+                                        "cpu-graph/stock-compiled": round(med["cpu-graph"] / med["stock-compiled"], 3)}
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"start-up s: {result['startup_s']}")
+    for batch in batches:
+        print(f"batch {batch}: decode tok/s {result['decode_tok_s'][str(batch)]}  ratios {result['ratios'][str(batch)]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""The ``cpu-graph`` mode: vLLM's capture loop and dispatcher, with a static-shape artifact per size.
+
+vLLM-CPU never captures: its platform forces ``cudagraph_mode=NONE`` and its
+worker never calls ``capture_model``. This mode turns that back on through
+vLLM's own machinery: piecewise compilation splits the model at attention,
+each piece is wrapped in :class:`StaticShapeWrapper` (the platform's static
+graph wrapper class, which the kernel platform takes from the chosen mode),
+vLLM's ``CudagraphDispatcher`` pads a batch up to the next captured size (and
+runs eagerly above the largest), and vLLM's ``_capture_cudagraphs`` drives
+one dummy pass per size at start-up, in which each piece compiles its artifact.
+
+Only PIECEWISE is offered: vLLM-CPU's runner never wraps the whole model
+(``FULL``/``FULL_DECODE_ONLY``), so a full-graph mode would need a runner
+override that this slice does not add.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from typing import Any, Callable
+
+from ascend_kernel.config_changes import ConfigChange, change
+
+NAME = "cpu-graph"
+#: capture sizes when the user names none: each size costs one compile per piece at start-up
+DEFAULT_SIZES = (1, 2, 4, 8)
+WRAPPER_CLS = "ascend_kernel_plugins.graph.static_wrapper.StaticShapeWrapper"
+
+
+class CpuGraphMode:
+    """Captures one static artifact per size and piece; the report says what ran."""
+
+    __slots__ = ("sizes", "capture_s", "why")
+
+    def __init__(self, sizes: list[int], why: str) -> None:
+        self.sizes = sorted(sizes)
+        self.capture_s = 0.0
+        self.why = why
+
+    @classmethod
+    def from_context(cls, ctx: Any) -> "CpuGraphMode":
+        sizes = list(ctx.vllm_config.compilation_config.cudagraph_capture_sizes or [])
+        given = ctx.settings.graph_capture_sizes
+        why = (f"sizes {sizes} from graph_capture_sizes" if given else f"default sizes {sizes}")
+        return cls(sizes, why + "; piecewise (attention runs between captured pieces)")
+
+    # -- the platform's static-graph questions --------------------------------
+    def supports_static_graph(self) -> bool:
+        return True
+
+    def static_graph_wrapper_cls(self) -> str:
+        return WRAPPER_CLS
+
+    # -- the family's interface ----------------------------------------------
+    def capture_sizes(self, vllm_config: Any) -> list[int]:
+        return list(self.sizes)
+
+    def capture(self, runner: Any, base_capture: Callable[[], int]) -> int:
+        """vLLM's per-mode capture loop (``_capture_cudagraphs``) over its dispatcher's descriptors.
+
+        vLLM's ``capture_model`` around it is not used: it opens CUDA streams
+        and reads device memory, which a CPU has neither of.
+        """
+        from vllm.compilation.monitor import set_cudagraph_capturing_enabled
+
+        from ascend_kernel_plugins.graph.static_wrapper import BOOK
+
+        started = time.perf_counter()
+        set_cudagraph_capturing_enabled(True)
+        try:
+            for runtime_mode, descriptors in runner.cudagraph_dispatcher.get_capture_descs():
+                runner._capture_cudagraphs(descriptors, cudagraph_runtime_mode=runtime_mode)
+        finally:
+            set_cudagraph_capturing_enabled(False)
+        self.capture_s = time.perf_counter() - started
+        BOOK.serving = True
+        return 0
+
+    def padded_num_tokens(self, num_tokens: int) -> int:
+        i = bisect.bisect_left(self.sizes, num_tokens)
+        return self.sizes[i] if i < len(self.sizes) else num_tokens
+
+    def describe(self) -> dict[str, Any]:
+        from ascend_kernel_plugins.graph.static_wrapper import BOOK
+
+        book = BOOK.as_dict()
+        return {"mode": NAME, "sizes": list(self.sizes), "capture_s": round(self.capture_s, 3),
+                "why": self.why, **book}
+
+
+def cpu_graph_supported(ctx: Any) -> str | None:
+    if ctx.device.kind != "cpu":
+        return f"cpu-graph is the host fallback of graph capture (device is {ctx.device.kind}; use aclgraph)"
+    model = ctx.vllm_config.model_config
+    if model is not None and model.enforce_eager:
+        return "enforce_eager is set"
+    comp = ctx.vllm_config.compilation_config
+    if not comp.cudagraph_capture_sizes:
+        return "no capture sizes are configured"
+    return None
+
+
+def resolve_cpu_graph_config(vllm_config: Any, sizes: list[int] | None) -> list[ConfigChange]:
+    """vLLM's config as cpu-graph needs it: piecewise compilation, graphs on, the capture sizes.
+
+    Runs after vLLM's CPU platform has turned compilation to trace-once and
+    graphs off; vLLM then splits the model at attention (its splitting ops)
+    after the platform hook.
+    """
+    from vllm.config import CompilationMode
+    from vllm.config.compilation import CUDAGraphMode
+
+    model = vllm_config.model_config
+    if model is not None and model.enforce_eager:
+        return []  # the mode's support check refuses it, naming enforce_eager
+    limit = vllm_config.scheduler_config.max_num_batched_tokens
+    chosen = [s for s in (sizes or DEFAULT_SIZES) if s <= limit]
+    source = "graph_capture_sizes" if sizes else f"cpu-graph's default {list(DEFAULT_SIZES)}"
+    comp = vllm_config.compilation_config
+    changes = [
+        change(vllm_config, "compilation_config.mode", CompilationMode.VLLM_COMPILE,
+               "cpu-graph captures the pieces of vLLM's piecewise compilation"),
+        change(vllm_config, "compilation_config.backend", "eager",
+               "pieces run as traced FX graphs; each capture size gets its own static inductor artifact"),
+        change(vllm_config, "compilation_config.cudagraph_mode", CUDAGraphMode.PIECEWISE,
+               "cpu-graph: attention runs between captured pieces"),
+        change(vllm_config, "compilation_config.cudagraph_capture_sizes", chosen,
+               f"from {source} (<= max_num_batched_tokens {limit})"),
+        change(vllm_config, "compilation_config.max_cudagraph_capture_size", max(chosen, default=0),
+               "the largest capture size; larger batches run eagerly"),
+    ]
+    comp.post_init_cudagraph_sizes()
+    changes.append(_no_aot_compile())
+    return [c for c in changes if c]
+
+
+def _no_aot_compile() -> ConfigChange | None:
+    """Turn vLLM's AOT compile off for this process (and the engine processes it starts), unless the user chose.
+
+    With the ``eager`` compile backend vLLM skips AOT compilation but, while
+    ``VLLM_USE_AOT_COMPILE`` is on (its default on torch >= 2.10), it still
+    hashes the whole config on every forward pass before finding the compiled
+    model (measured: ~10 ms of a 5 ms tiny-model step). The variable is vLLM's
+    own knob; the change is recorded like any other.
+    """
+    import os
+
+    if "VLLM_USE_AOT_COMPILE" in os.environ:
+        return None
+    os.environ["VLLM_USE_AOT_COMPILE"] = "0"
+    return ConfigChange("env.VLLM_USE_AOT_COMPILE", "(unset: on)", "0",
+                        "the eager compile backend does no AOT compile, yet with it on vLLM hashes the config "
+                        "on every forward pass")

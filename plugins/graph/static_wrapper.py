@@ -1,0 +1,225 @@
+"""A static-shape graph wrapper for hosts without device graphs (the ``cpu-graph`` mode).
+
+vLLM wraps every piece of a piecewise-compiled model (and, in FULL mode, the
+whole model) in the platform's static graph wrapper class and drives it with
+the runtime mode and batch descriptor that its ``CudagraphDispatcher`` puts
+in the forward context. On a GPU the wrapper records a CUDA graph per batch
+descriptor; a CPU has no graphs, so :class:`StaticShapeWrapper` records the
+next best thing: at capture it compiles the piece for that one shape
+(``torch.compile(dynamic=False)``, inductor by default) and keeps the result
+with output buffers of its own; a replay calls that artifact, so no model
+Python and no shape-generic code runs.
+
+What a captured graph would demand, the artifact demands too (so code that is
+capture-safe here is capture-safe on an NPU): every tensor input must be at
+the address it had at capture (:class:`MovedInputError` names the one that
+moved), and the outputs live in buffers owned by the capture, at the same
+addresses on every replay (the next piece then finds its inputs where they
+were at capture). A runtime mode that is not the wrapper's runs the plain
+runnable, like vLLM's ``CUDAGraphWrapper``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+
+class MovedInputError(RuntimeError):
+    """A replay got a tensor input at another address than at capture."""
+
+
+@dataclass
+class CaptureBook:
+    """What this process's wrappers captured and replayed (one book per process, read by the report).
+
+    Only the wrappers that vLLM marks as the first of a model's pieces count
+    replays and fallbacks, so each forward pass counts once.
+    """
+
+    #: torch.compile backend of the static artifacts ("inductor"; "aot_eager" compiles faster, runs slower)
+    backend: str = "inductor"
+    captured_sizes: set[int] = field(default_factory=set)
+    replays: Counter = field(default_factory=Counter)
+    eager_fallbacks: int = 0
+    artifacts: int = 0
+    compile_s: float = 0.0
+    #: True once capture is over: forward passes from then on are counted
+    serving: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"captured_sizes": sorted(self.captured_sizes),
+                "replays": {str(k): v for k, v in sorted(self.replays.items())},
+                "eager_fallbacks": self.eager_fallbacks, "artifacts": self.artifacts,
+                "artifact_backend": self.backend, "artifact_compile_s": round(self.compile_s, 3)}
+
+
+BOOK = CaptureBook()
+
+
+def _mirror(outputs: list[Any]) -> list[Any]:
+    """Buffers of our own shaped like ``outputs``, aliasing each other exactly as the outputs do.
+
+    A piece may return a buffer and a view of it (attention writes its result
+    into one, the next piece reads the other); one static storage per distinct
+    output storage keeps that true for the copies.
+    """
+    storages: dict[int, torch.UntypedStorage] = {}
+    mirrored: list[Any] = []
+    for out in outputs:
+        if not isinstance(out, torch.Tensor):
+            mirrored.append(out)
+            continue
+        storage = out.untyped_storage()
+        key = storage.data_ptr()
+        if key not in storages:
+            storages[key] = torch.empty(storage.nbytes(), dtype=torch.uint8, device=out.device).untyped_storage()
+        view = torch.empty(0, dtype=out.dtype, device=out.device)
+        view.set_(storages[key], out.storage_offset(), out.size(), out.stride())
+        mirrored.append(view.copy_(out))
+    return mirrored
+
+
+class StaticEntry:
+    """One captured shape: the artifact, the input addresses it was captured with, its output buffers."""
+
+    __slots__ = ("descriptor", "artifact", "addresses", "outputs", "spec")
+
+    def __init__(self, descriptor: Any, artifact: Callable[..., Any], args: tuple[Any, ...], result: Any) -> None:
+        self.descriptor = descriptor
+        self.artifact = artifact
+        self.addresses = [(i, a.data_ptr()) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        flat, self.spec = tree_flatten(result)
+        self.outputs = _mirror(flat)
+
+    def check_inputs(self, args: tuple[Any, ...], names: list[str] | None) -> None:
+        for index, captured in self.addresses:
+            now = args[index].data_ptr()
+            if now != captured:
+                name = names[index] if names is not None and index < len(names) else "?"
+                raise MovedInputError(
+                    f"static graph input {index} ({name}) moved since capture of {self.descriptor}: "
+                    f"captured at {captured:#x}, now at {now:#x}. Captured graphs read their inputs by "
+                    "address; write per-step inputs into the persistent buffers in place instead of rebinding them.")
+
+    def replay(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        flat, _ = tree_flatten(self.artifact(*args, **kwargs))
+        for static, fresh in zip(self.outputs, flat):
+            if isinstance(static, torch.Tensor) and static is not fresh:
+                static.copy_(fresh)
+        return tree_unflatten(self.outputs, self.spec)
+
+
+def _target_of(runnable: Any) -> tuple[Callable[..., Any], Callable[[Any], Any], list[str] | None]:
+    """What to compile, how to shape its result like the runnable's, and the names of its inputs.
+
+    A piece of vLLM's piecewise backend holds its FX graph: compiling that
+    graph (not the dispatching object around it) gives one artifact with no
+    Python of vLLM's in it. Anything else is compiled as it is.
+    """
+    graph = getattr(runnable, "graph", None)
+    if isinstance(graph, torch.fx.GraphModule):
+        names = [n.name for n in graph.graph.nodes if n.op == "placeholder"]
+        returns_tuple = getattr(runnable, "returns_tuple", True)
+
+        def shaped(out: Any) -> Any:
+            return out[0] if not returns_tuple and isinstance(out, (tuple, list)) else out
+
+        return graph, shaped, names
+    return runnable, (lambda out: out), None
+
+
+def _compile_static(target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                    backend: str) -> Callable[..., Any]:
+    """One shape's artifact: inductor's standalone compile of an FX graph at the inputs' exact shapes.
+
+    A standalone artifact is called without Dynamo's frame hook and guards (a
+    replay is a plain call into generated code); anything that is not an FX
+    graph, or another backend, goes through ``torch.compile(dynamic=False)``.
+    """
+    if backend == "inductor" and isinstance(target, torch.fx.GraphModule) and not kwargs:
+        from torch._inductor import standalone_compile
+
+        return standalone_compile(target, list(args), dynamic_shapes="from_example_inputs")
+    return torch.compile(target, backend=backend, dynamic=False)
+
+
+class StaticShapeWrapper:
+    """vLLM's static graph wrapper interface (``CUDAGraphWrapper``'s constructor), captured per batch descriptor."""
+
+    def __init__(self, runnable: Callable[..., Any], vllm_config: Any, runtime_mode: Any,
+                 cudagraph_options: Any = None, book: CaptureBook | None = None) -> None:
+        from vllm.config import CUDAGraphMode
+
+        if runtime_mode == CUDAGraphMode.NONE:
+            raise ValueError("a static graph wrapper needs a runtime mode that captures (PIECEWISE or FULL)")
+        self.runnable = runnable
+        self.vllm_config = vllm_config
+        self.runtime_mode = runtime_mode
+        #: vLLM marks the first piece of a model (it logs); that one counts the book's replays
+        self.counts = cudagraph_options is None or bool(getattr(cudagraph_options, "debug_log_enable", True))
+        self.book = book if book is not None else BOOK
+        self.entries: dict[Any, StaticEntry] = {}
+        self._target, self._shaped, self.input_names = _target_of(runnable)
+
+    def __getattr__(self, key: str) -> Any:
+        runnable = self.__dict__.get("runnable")
+        if runnable is None or not hasattr(runnable, key):
+            raise AttributeError(key)
+        return getattr(runnable, key)
+
+    def unwrap(self) -> Callable[..., Any]:
+        runnable = self.runnable
+        return runnable.unwrap() if hasattr(runnable, "unwrap") else runnable
+
+    def clear_graphs(self) -> None:
+        self.entries.clear()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from vllm.config import CUDAGraphMode
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+
+        if not is_forward_context_available():
+            return self.runnable(*args, **kwargs)
+        context = get_forward_context()
+        mode = context.cudagraph_runtime_mode
+        if mode == CUDAGraphMode.NONE or mode != self.runtime_mode:
+            if self.counts and self.book.serving:
+                self.book.eager_fallbacks += 1
+            return self.runnable(*args, **kwargs)
+        descriptor = context.batch_descriptor
+        entry = self.entries.get(descriptor)
+        if entry is None:
+            return self._capture(descriptor, args, kwargs)
+        entry.check_inputs(args, self.input_names)
+        if self.counts:
+            self.book.replays[descriptor.num_tokens] += 1
+        return entry.replay(args, kwargs)
+
+    def _capture(self, descriptor: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Compile the runnable for this one shape and keep it (only while vLLM's capture loop runs)."""
+        from vllm.compilation.monitor import validate_cudagraph_capturing_enabled
+
+        validate_cudagraph_capturing_enabled()
+        started = time.perf_counter()
+        # one artifact per size of the same piece: Dynamo keeps them as entries of one code object
+        limits = torch._dynamo.config
+        limits.recompile_limit = max(limits.recompile_limit, len(self.entries) + 8)
+        compiled = _compile_static(self._target, args, kwargs, self.book.backend)
+        shaped = self._shaped
+
+        def artifact(*a: Any, **kw: Any) -> Any:
+            return shaped(compiled(*a, **kw))
+
+        result = artifact(*args, **kwargs)
+        entry = self.entries[descriptor] = StaticEntry(descriptor, artifact, args, result)
+        book = self.book
+        book.compile_s += time.perf_counter() - started
+        book.artifacts += 1
+        book.captured_sizes.add(descriptor.num_tokens)
+        return tree_unflatten(entry.outputs, entry.spec)

@@ -1,0 +1,250 @@
+"""cpu-graph without an engine: the capture-size setting, the static wrapper driven by vLLM's dispatcher.
+
+The wrapper is exercised the way vLLM's runner drives it: vLLM's
+``CudagraphDispatcher`` (on a real ``VllmConfig`` resolved by the cpu-graph
+plugin) picks the runtime mode and padded batch descriptor, vLLM's
+``set_forward_context`` publishes them, and the wrapper captures or replays.
+Artifacts are compiled with ``aot_eager`` here (the same capture path as
+inductor, without a C++ compile per shape); the e2e test runs inductor.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from ascend_kernel.errors import SettingsError
+from ascend_kernel.settings import load_settings
+
+
+def sizes_setting(value):
+    return load_settings({"ascend_kernel": {"graph_capture_sizes": value}}).graph_capture_sizes
+
+
+# -- the setting ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["4,1,2", [4, 1, 2], " 1, 2 ,4,4", ["1", "2", "4"]])
+def test_capture_sizes_parse_sorted_unique(value):
+    assert sizes_setting(value) == [1, 2, 4]
+
+
+@pytest.mark.parametrize("value, needle", [
+    ([0], "0 is not a positive whole number"),
+    ("1,-2", "'-2' is not a positive whole number"),
+    ("1,x", "'x' is not a positive whole number"),
+    ([1.5], "1.5 is not a positive whole number"),
+    ([True], "True is not a positive whole number"),
+    ([], "non-empty"),
+])
+def test_capture_sizes_refused_naming_value(value, needle):
+    with pytest.raises(SettingsError) as info:
+        sizes_setting(value)
+    text = str(info.value)
+    assert 'additional_config["ascend_kernel"]["graph_capture_sizes"]' in text
+    assert needle in text and "positive whole numbers (e.g. 1,2,4)" in text
+
+
+def test_capture_sizes_from_env(monkeypatch):
+    monkeypatch.setenv("ASCEND_KERNEL_GRAPH_CAPTURE_SIZES", "8,2")
+    assert load_settings().graph_capture_sizes == [2, 8]
+    monkeypatch.setenv("ASCEND_KERNEL_GRAPH_CAPTURE_SIZES", "")
+    with pytest.raises(SettingsError, match="ASCEND_KERNEL_GRAPH_CAPTURE_SIZES is set but empty"):
+        load_settings()
+
+
+def test_unset_means_the_modes_default():
+    assert load_settings().graph_capture_sizes is None
+
+
+# -- the mode's config and the platform's questions --------------------------------
+
+
+@pytest.fixture(scope="module")
+def cfg(tmp_path_factory):
+    """A real VllmConfig as the cpu-graph plugin leaves it (splitting ops set as vLLM does after the platform)."""
+    from vllm.config import ModelConfig, VllmConfig
+
+    from ascend_kernel.models import create_tiny_model
+    from ascend_kernel_plugins.graph.cpu_graph import resolve_cpu_graph_config
+
+    model = create_tiny_model("llama", tmp_path_factory.mktemp("cg") / "llama")
+    config = VllmConfig(model_config=ModelConfig(model=str(model), max_model_len=128))
+    with pytest.MonkeyPatch.context() as env:  # the mode turns vLLM's AOT compile off: not for the other tests
+        env.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+        changes = resolve_cpu_graph_config(config, [1, 2, 4])
+        config.aot_env = os.environ["VLLM_USE_AOT_COMPILE"]
+    # in an engine vLLM chooses the splitting ops once, after the platform hook; this config already had them
+    # chosen for the CPU platform's trace-once mode (none), so they are chosen again for piecewise
+    config.compilation_config.splitting_ops = None
+    config.compilation_config.set_splitting_ops_for_v1(all2all_backend="allgather_reducescatter")
+    config.changes = changes
+    return config
+
+
+def test_config_is_piecewise_at_the_sizes(cfg):
+    from vllm.config import CompilationMode
+    from vllm.config.compilation import CUDAGraphMode
+
+    comp = cfg.compilation_config
+    assert comp.mode == CompilationMode.VLLM_COMPILE and comp.cudagraph_mode == CUDAGraphMode.PIECEWISE
+    assert comp.cudagraph_capture_sizes == [1, 2, 4] and comp.max_cudagraph_capture_size == 4
+    assert comp.is_attention_compiled_piecewise()
+    assert all(c.reason for c in cfg.changes)
+    assert {"compilation_config.cudagraph_capture_sizes", "env.VLLM_USE_AOT_COMPILE"} <= {c.path for c in cfg.changes}
+    assert cfg.aot_env == "0"
+
+
+def test_modes_answer_the_platform():
+    from ascend_kernel_plugins.graph.cpu_graph import CpuGraphMode
+    from ascend_kernel_plugins.graph.modes import EagerMode
+    from ascend_kernel_plugins.graph.static_wrapper import StaticShapeWrapper
+
+    mode = CpuGraphMode([4, 1, 2], "test")
+    assert mode.supports_static_graph() and not EagerMode().supports_static_graph()
+    module, _, name = mode.static_graph_wrapper_cls().rpartition(".")
+    assert getattr(__import__(module, fromlist=[name]), name) is StaticShapeWrapper
+    assert [mode.padded_num_tokens(n) for n in (1, 3, 4, 5)] == [1, 4, 4, 5]
+
+
+# -- the wrapper, driven by vLLM's dispatcher ------------------------------------------
+
+
+class Piece:
+    """Shaped like a piece of vLLM's piecewise backend: a callable holding its FX graph; counts Python calls."""
+
+    def __init__(self) -> None:
+        def body(n: int, x: torch.Tensor, w: torch.Tensor):
+            y = x @ w
+            out = torch.empty_like(y)
+            out.copy_(y.relu())
+            return out, out.view(n, -1)  # a buffer and a view of it, as a piece hands attention
+
+        self.graph = _trace(body)
+        self.returns_tuple = True
+        self.calls = 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.graph(*args)
+
+
+def _trace(fn):
+    class M(torch.nn.Module):
+        def forward(self, n, x, w):
+            return fn(n, x, w)
+
+    return torch.fx.symbolic_trace(M())
+
+
+@pytest.fixture
+def dispatch(cfg):
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+    dispatcher = CudagraphDispatcher(cfg)
+    dispatcher.initialize_cudagraph_keys(CUDAGraphMode.PIECEWISE, 1)
+    return dispatcher
+
+
+def run(cfg, dispatcher, wrapper, x_buffer, w, num_tokens):
+    """One forward pass as the runner makes it: dispatch, pad, publish the context, call the piece."""
+    from vllm.forward_context import set_forward_context
+
+    mode, descriptor = dispatcher.dispatch(num_tokens)
+    n = descriptor.num_tokens
+    with set_forward_context(None, cfg, num_tokens=n, cudagraph_runtime_mode=mode, batch_descriptor=descriptor):
+        return wrapper(n, x_buffer[:n], w), mode, descriptor
+
+
+@pytest.fixture
+def wrapper(cfg):
+    from vllm.config.compilation import CUDAGraphMode
+
+    from ascend_kernel_plugins.graph.static_wrapper import CaptureBook, StaticShapeWrapper
+
+    book = CaptureBook(backend="aot_eager")
+    book.piece = Piece()
+    return StaticShapeWrapper(book.piece, cfg, CUDAGraphMode.PIECEWISE, book=book)
+
+
+def capture_all(cfg, dispatcher, wrapper, x, w):
+    from vllm.compilation.monitor import set_cudagraph_capturing_enabled
+
+    set_cudagraph_capturing_enabled(True)
+    try:
+        for _, descriptors in dispatcher.get_capture_descs():
+            for d in descriptors:
+                run(cfg, dispatcher, wrapper, x, w, d.num_tokens)
+    finally:
+        set_cudagraph_capturing_enabled(False)
+    wrapper.book.serving = True
+
+
+def test_capture_then_replay_pads_and_falls_back(cfg, dispatch, wrapper):
+    from vllm.config.compilation import CUDAGraphMode
+
+    torch.manual_seed(0)
+    x, w = torch.randn(16, 8), torch.randn(8, 8)
+    capture_all(cfg, dispatch, wrapper, x, w)
+    book, piece = wrapper.book, wrapper.book.piece
+    assert book.captured_sizes == {1, 2, 4} and book.artifacts == 3
+    assert piece.calls == 0, "capture compiles the FX graph, not the dispatching object"
+
+    (out, view), mode, descriptor = run(cfg, dispatch, wrapper, x, w, 3)  # padded up to 4
+    assert mode == CUDAGraphMode.PIECEWISE and descriptor.num_tokens == 4
+    torch.testing.assert_close(out, (x[:4] @ w).relu())
+    assert view.data_ptr() == out.data_ptr(), "the view still aliases its buffer"
+    x[:4] += 1  # new step's inputs written in place
+    (out2, _), _, _ = run(cfg, dispatch, wrapper, x, w, 4)
+    assert out2.data_ptr() == out.data_ptr(), "outputs live in the capture's own buffers"
+    torch.testing.assert_close(out2, (x[:4] @ w).relu())
+    assert piece.calls == 0 and book.replays == {4: 2}
+
+    (big, _), mode, _ = run(cfg, dispatch, wrapper, x, w, 5)  # above the largest size: eager
+    assert mode == CUDAGraphMode.NONE and piece.calls == 1 and book.eager_fallbacks == 1
+    torch.testing.assert_close(big, (x[:5] @ w).relu())
+    report = book.as_dict()
+    assert report["captured_sizes"] == [1, 2, 4] and report["replays"] == {"4": 2}
+
+
+def test_replay_with_a_moved_input_names_it(cfg, dispatch, wrapper):
+    from ascend_kernel_plugins.graph.static_wrapper import MovedInputError
+
+    x, w = torch.randn(16, 8), torch.randn(8, 8)
+    capture_all(cfg, dispatch, wrapper, x, w)
+    moved = x.clone()  # the step's input rebound to a new tensor instead of written in place
+    with pytest.raises(MovedInputError) as info:
+        run(cfg, dispatch, wrapper, moved, w, 2)
+    text = str(info.value)
+    assert "input 1 (x)" in text and f"captured at {x.data_ptr():#x}" in text
+    assert f"now at {moved.data_ptr():#x}" in text and "num_tokens=2" in text
+
+
+def test_no_capture_outside_vllms_capture_loop(cfg, dispatch, wrapper):
+    x, w = torch.randn(16, 8), torch.randn(8, 8)
+    from vllm.compilation.monitor import set_cudagraph_capturing_enabled
+
+    set_cudagraph_capturing_enabled(False)
+    with pytest.raises(RuntimeError, match="(?i)captur"):
+        run(cfg, dispatch, wrapper, x, w, 2)
+
+
+def test_platform_asks_the_chosen_mode(monkeypatch):
+    """The kernel platform's static-graph answers come from the plan's graph object (none before a plan)."""
+    from types import SimpleNamespace
+
+    from ascend_kernel import kernel as kernel_mod
+    from ascend_kernel.platform.common import KernelPlatformMixin
+    from ascend_kernel_plugins.graph.cpu_graph import WRAPPER_CLS, CpuGraphMode
+    from ascend_kernel_plugins.graph.modes import EagerMode
+
+    monkeypatch.setattr(kernel_mod, "_current", None)
+    assert KernelPlatformMixin.support_static_graph_mode() is False
+    for mode, supported in ((CpuGraphMode([1], "test"), True), (EagerMode(), False)):
+        monkeypatch.setattr(kernel_mod, "_current", SimpleNamespace(plan=SimpleNamespace(graph=mode)))
+        assert KernelPlatformMixin.support_static_graph_mode() is supported
+        assert KernelPlatformMixin.get_static_graph_wrapper_cls() == mode.static_graph_wrapper_cls()
+    assert CpuGraphMode([1], "test").static_graph_wrapper_cls() == WRAPPER_CLS
