@@ -3,8 +3,9 @@
 Cases (vocabulary 151,936 by default, batch 1/8/64, temperature 1):
 ``top_k`` (k = 50), ``top_p`` (p = 0.9), ``top_k_top_p`` (both), ``greedy``.
 Each call gets the same logits and the same global RNG state for both
-samplers; calls alternate and the median (or ``--stat min``) of ``--repeats``
-is reported, with the speedup vLLM/kernel and whether both drew the same
+samplers; calls alternate, in an order that flips every round (ABBA: running
+first or second is not free, and with a fixed order that cost fell on one side),
+and the median (or ``--stat min``) of ``--repeats`` is reported, with the speedup vLLM/kernel and whether both drew the same
 tokens.
 
 Logits are ``scale * N(0, 1)``; the default scale 5 gives an LLM-like row
@@ -69,8 +70,11 @@ def measure(samplers: dict, case: str, batch: int, vocab: int, scale: float, bf1
     meta = metadata(case, batch)
     times: dict[str, list[float]] = {name: [] for name in samplers}
     tokens: dict[str, torch.Tensor] = {}
+    names = list(samplers)
     for i in range(repeats + 1):  # the first round warms up
-        for name, sampler in samplers.items():
+        # the order flips every round (ABBA...), so whatever running first or second costs falls on both sides
+        for name in (names if i % 2 else names[::-1]):
+            sampler = samplers[name]
             x = logits.clone()
             torch.manual_seed(i)
             t0 = time.perf_counter()
@@ -100,7 +104,7 @@ def main() -> int:
     ap.add_argument("--samplers", default="fast-cpu", help="kernel samplers to compare (comma-separated)")
     ap.add_argument("--logit-scale", type=float, default=5.0)
     ap.add_argument("--bf16-logits", action="store_true")
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=41)
     ap.add_argument("--stat", choices=["median", "min"], default="median",
                     help="per-call time reported (min: best of the repeats, steadier on a shared host)")
     ap.add_argument("--json", action="store_true")
