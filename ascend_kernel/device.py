@@ -79,8 +79,26 @@ def describe_device(settings: KernelSettings, kind: str) -> DeviceInfo:
     return DeviceInfo(kind=kind, soc=soc)
 
 
+@dataclass(slots=True)
+class GraphTaskGroup:
+    """Tasks captured into a device graph whose parameters may be re-issued before a replay.
+
+    ``handle`` is the device's task-group handle (set when the group closes);
+    ``event`` orders a replay after the latest update (the captured graph waits
+    on it, an update records it).
+    """
+
+    handle: Any = None
+    event: Any = None
+
+
 class Device:
-    """Device operations behind one interface (npu via torch_npu, cpu, cuda)."""
+    """Device operations behind one interface (npu via torch_npu, cpu, cuda).
+
+    The graph methods (``new_graph`` .. ``graph_task_update``) are the device-graph
+    seam the ACL graph wrapper and the attention graph-params helper use; a test
+    stand-in with the same methods takes torch.npu's place.
+    """
 
     def __init__(self, kind: str) -> None:
         if kind not in ("npu", "cpu", "cuda"):
@@ -129,6 +147,49 @@ class Device:
         if self.kind == "cuda":
             return torch.cuda.CUDAGraph()
         raise RuntimeError("graph capture needs an NPU or CUDA device; this kernel runs on cpu")
+
+    def _graph_mod(self, what: str, npu_only: bool = False) -> Any:
+        if self._mod is None or (npu_only and self.kind != "npu"):
+            needs = "an NPU" if npu_only else "an NPU or CUDA device"
+            raise RuntimeError(f"{what} needs {needs}; this kernel runs on {self.kind}")
+        return self._mod
+
+    def current_stream(self) -> Any | None:
+        return self._mod.current_stream() if self._mod is not None else None
+
+    def graph_pool_handle(self) -> Any:
+        """A memory-pool token graphs can share (``torch.npu.graph_pool_handle()``)."""
+        return self._graph_mod("a graph pool").graph_pool_handle()
+
+    def graph_capture(self, graph: Any, pool: Any = None, stream: Any = None) -> Any:
+        """Context in which work issued on ``stream`` is captured into ``graph`` (``torch.npu.graph``)."""
+        return self._graph_mod("graph capture").graph(graph, pool=pool, stream=stream)
+
+    def weak_ref(self, tensor: Any) -> Any:
+        """A tensor on the same memory that does not keep it alive (the graph pool does); else the tensor."""
+        make = getattr(getattr(_torch_npu(), "_C", None), "_weak_ref_tensor", None) if self.kind == "npu" else None
+        return make(tensor) if make is not None and isinstance(tensor, torch.Tensor) else tensor
+
+    @contextlib.contextmanager
+    def graph_task_group(self, stream: Any) -> Iterator[GraphTaskGroup]:
+        """Mark the tasks issued inside as one updatable group of the graph being captured on ``stream``."""
+        npu = self._graph_mod("graph task groups", npu_only=True)
+        group = GraphTaskGroup(event=npu.ExternalEvent())
+        group.event.wait(stream)  # the replayed graph waits for the latest update of this group
+        group.event.reset(stream)
+        npu.graph_task_group_begin(stream)
+        yield group
+        group.handle = npu.graph_task_group_end(stream)
+
+    @contextlib.contextmanager
+    def graph_task_update(self, group: GraphTaskGroup, stream: Any) -> Iterator[None]:
+        """Ops re-issued inside replace the captured params of ``group``'s tasks (issued on ``stream``)."""
+        npu = self._graph_mod("graph task updates", npu_only=True)
+        with npu.stream(stream):
+            npu.graph_task_update_begin(stream, group.handle)
+            yield
+            npu.graph_task_update_end(stream)
+            group.event.record(stream)
 
     def zeros_bytes(self, nbytes: int, device: torch.device, alignment: int = 1) -> tuple[torch.Tensor, int]:
         """A zeroed int8 buffer of ``nbytes`` whose first byte is ``alignment``-aligned.

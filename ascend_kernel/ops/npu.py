@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import torch
 
+from ascend_kernel.ops.graph_ops import PAGED_ATTENTION_OUT_SCHEMA, no_result
 from ascend_kernel.ops.mc2_npu import TorchNpuMC2Ops
 from ascend_kernel.ops.moe_npu import TorchNpuMoEOps
+from ascend_kernel.ops.opaque import seam_op
 
 
 class TorchNpuOps(TorchNpuMoEOps, TorchNpuMC2Ops):
@@ -54,6 +56,21 @@ class TorchNpuOps(TorchNpuMoEOps, TorchNpuMC2Ops):
                                        num_kv_heads=num_kv_heads, num_heads=num_heads, scale_value=scale,
                                        block_table=block_table, context_lens=context_lens, out=out)
         return out
+
+    @seam_op("paged_attention_out", PAGED_ATTENTION_OUT_SCHEMA, no_result)
+    def paged_attention_out(self, query, key_cache, value_cache, block_table, context_lens, scale, num_heads,
+                            num_kv_heads, out, workspace) -> None:
+        # in a captured graph the task keeps ``workspace`` (sized at capture for the largest lengths)
+        extra = {} if workspace is None else {"workspace": workspace}
+        self._npu._npu_paged_attention(query=query, key_cache=key_cache, value_cache=value_cache,
+                                       num_kv_heads=num_kv_heads, num_heads=num_heads, scale_value=scale,
+                                       block_table=block_table, context_lens=context_lens, out=out, **extra)
+
+    def paged_attention_workspace(self, query, key_cache, value_cache, block_table, context_lens, scale, num_heads,
+                                  num_kv_heads, out):
+        return self._npu._npu_paged_attention_get_workspace(
+            query=query, key_cache=key_cache, value_cache=value_cache, num_kv_heads=num_kv_heads,
+            num_heads=num_heads, scale_value=scale, block_table=block_table, context_lens=context_lens, out=out)
 
     def paged_attention_splitfuse(self, query, key_cache, value_cache, mask, block_table, query_lens, context_lens,
                                   scale, num_heads, num_kv_heads):

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from ascend_kernel.ops.graph_ops import PAGED_ATTENTION_OUT_SCHEMA, no_result
 from ascend_kernel.ops.mc2_reference import ReferenceMC2Ops
 from ascend_kernel.ops.moe_reference import ReferenceMoEOps
+from ascend_kernel.ops.opaque import seam_op
 
 
 def _gqa(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -104,6 +106,20 @@ class ReferenceOps(ReferenceMoEOps, ReferenceMC2Ops):
             allowed = torch.ones(1, length, dtype=torch.bool, device=query.device)
             out[i : i + 1] = _attend(query[i : i + 1], k, v, allowed, scale)
         return out
+
+    @seam_op("paged_attention_out", PAGED_ATTENTION_OUT_SCHEMA, no_result)
+    def paged_attention_out(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                            block_table: torch.Tensor, context_lens: torch.Tensor, scale: float, num_heads: int,
+                            num_kv_heads: int, out: torch.Tensor, workspace: torch.Tensor | None) -> None:
+        """:meth:`paged_attention` written into ``out`` (a captured graph's buffer); no workspace is needed here."""
+        out.copy_(self.paged_attention(query, key_cache, value_cache, block_table, context_lens, scale, num_heads,
+                                       num_kv_heads))
+
+    def paged_attention_workspace(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                                  block_table: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                                  num_heads: int, num_kv_heads: int, out: torch.Tensor) -> torch.Tensor | None:
+        """The workspace a captured paged-attention task keeps (none for the reference)."""
+        return None
 
     def paged_attention_splitfuse(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                                   mask: torch.Tensor, block_table: torch.Tensor, query_lens: torch.Tensor,

@@ -41,6 +41,11 @@ class KernelNpuPlatform(KernelPlatformMixin, Platform):
         return float(total - free)
 
     @classmethod
+    def graph_pool_handle(cls) -> Any:
+        """vLLM's global graph pool (``get_global_graph_pool``) through the device seam."""
+        return Device("npu").graph_pool_handle()
+
+    @classmethod
     def is_pin_memory_available(cls) -> bool:
         return True
 

@@ -3,8 +3,9 @@
 ``eager`` captures nothing (the only mode on a host without graphs, and what
 ``enforce_eager`` asks for). ``aclgraph`` resolves the vLLM compilation config
 the way Ascend needs it (piecewise by default, full-decode-only when asked,
-no inductor) and captures through vLLM's own capture loop, whose graph objects
-come from the device seam on NPU.
+no inductor) and captures through vLLM's own capture loop into
+:class:`~ascend_kernel_plugins.graph.acl_wrapper.AclGraphWrapper`, whose graph
+objects come from the device seam.
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ class AclGraphMode:
         return True
 
     def static_graph_wrapper_cls(self) -> str:
-        """vLLM's CUDA graph wrapper; on an NPU its graph objects must come from the device seam (never run)."""
-        return "vllm.compilation.cuda_graph.CUDAGraphWrapper"
+        """The ACL graph wrapper: vLLM's wrapper contract, graphs from the device seam (not yet run on an NPU)."""
+        return "ascend_kernel_plugins.graph.acl_wrapper.AclGraphWrapper"
 
     def capture(self, runner: Any, base_capture: Callable[[], int]) -> int:
         return base_capture()

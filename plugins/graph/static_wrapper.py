@@ -34,6 +34,24 @@ class MovedInputError(RuntimeError):
     """A replay got a tensor input at another address than at capture."""
 
 
+def input_addresses(args: tuple[Any, ...]) -> list[tuple[int, int]]:
+    """(position, data_ptr) of every tensor input, as a captured graph reads them."""
+    return [(i, a.data_ptr()) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+
+
+def check_input_addresses(addresses: list[tuple[int, int]], args: tuple[Any, ...], names: list[str] | None,
+                          descriptor: Any) -> None:
+    """Raise :class:`MovedInputError` naming the first tensor input not at its captured address."""
+    for index, captured in addresses:
+        now = args[index].data_ptr()
+        if now != captured:
+            name = names[index] if names is not None and index < len(names) else "?"
+            raise MovedInputError(
+                f"static graph input {index} ({name}) moved since capture of {descriptor}: "
+                f"captured at {captured:#x}, now at {now:#x}. Captured graphs read their inputs by "
+                "address; write per-step inputs into the persistent buffers in place instead of rebinding them.")
+
+
 @dataclass
 class CaptureBook:
     """What this process's wrappers captured and replayed (one book per process, read by the report).
@@ -93,19 +111,12 @@ class StaticEntry:
     def __init__(self, descriptor: Any, artifact: Callable[..., Any], args: tuple[Any, ...], result: Any) -> None:
         self.descriptor = descriptor
         self.artifact = artifact
-        self.addresses = [(i, a.data_ptr()) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        self.addresses = input_addresses(args)
         flat, self.spec = tree_flatten(result)
         self.outputs = _mirror(flat)
 
     def check_inputs(self, args: tuple[Any, ...], names: list[str] | None) -> None:
-        for index, captured in self.addresses:
-            now = args[index].data_ptr()
-            if now != captured:
-                name = names[index] if names is not None and index < len(names) else "?"
-                raise MovedInputError(
-                    f"static graph input {index} ({name}) moved since capture of {self.descriptor}: "
-                    f"captured at {captured:#x}, now at {now:#x}. Captured graphs read their inputs by "
-                    "address; write per-step inputs into the persistent buffers in place instead of rebinding them.")
+        check_input_addresses(self.addresses, args, names, self.descriptor)
 
     def replay(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         flat, _ = tree_flatten(self.artifact(*args, **kwargs))

@@ -1,0 +1,25 @@
+"""Seam ops a captured device graph launches as single tasks, and which of their params a task bakes in.
+
+Full-graph decode (FULL_DECODE_ONLY) captures the attention kernel inside the
+graph. Ascend's paged-attention kernel takes the sequence lengths as a *host*
+tensor: they are read while the task is built, so a captured task holds their
+values, not their address, and a replay reuses them until the task's params
+are updated (``Device.graph_task_update``). ``paged_attention_out`` writes into
+a given buffer (the captured output), so a re-issued update lands where the
+graph reads it; registered as one torch op, it is one task to a recorder.
+"""
+
+from __future__ import annotations
+
+#: schema of ``ascend_kernel::paged_attention_out`` after its provider handle
+PAGED_ATTENTION_OUT_SCHEMA = ("Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_table, "
+                              "Tensor context_lens, float scale, int num_heads, int num_kv_heads, "
+                              "Tensor(a!) out, Tensor? workspace) -> ()")
+
+#: op -> the params a captured task holds by value (read on the host when the task is built)
+HOST_PARAMS: dict[str, tuple[str, ...]] = {"ascend_kernel::paged_attention_out": ("context_lens",)}
+
+
+def no_result(*args: object) -> None:
+    """The fake of an op that only writes into its ``out`` argument."""
+    return None

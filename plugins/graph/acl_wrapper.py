@@ -1,0 +1,149 @@
+"""ACL graphs for the ``aclgraph`` mode: vLLM's static-graph wrapper contract, captured through the device seam.
+
+vLLM wraps each piece of a piecewise-compiled model (or, in FULL and
+FULL_DECODE_ONLY, the whole model) in the platform's static graph wrapper and
+drives it through the forward context: ``cudagraph_runtime_mode`` says whether
+this pass is captured/replayed at all, ``batch_descriptor`` which captured
+graph it is. :class:`AclGraphWrapper` keeps that contract (the constructor and
+call of vLLM's ``CUDAGraphWrapper``) but never names ``torch.npu``: the graph
+object, the capture context, the pool token and weak references come from the
+device seam (:class:`ascend_kernel.device.Device`), so a recording stand-in can
+take the NPU's place in tests (``tests/graph_standin.py``).
+
+What a graph demands is checked, not assumed: every tensor input's address is
+recorded at capture and compared before each replay (a moved input raises
+:class:`MovedInputError` naming it; vLLM checks this only in debug mode), since
+a replay reads whatever lies at the captured address.
+
+Not run on an NPU: the real calls follow torch_npu's documented signatures
+(``NPUGraph()``, ``torch.npu.graph(graph, pool=, stream=)``, ``replay()``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from contextlib import ExitStack
+from typing import Any, Callable
+from unittest.mock import patch
+
+from torch.utils._pytree import tree_map
+
+from ascend_kernel_plugins.graph.static_wrapper import MovedInputError, check_input_addresses, input_addresses
+
+__all__ = ["AclGraphWrapper", "MovedInputError"]
+
+#: one pool token per injected device, shared by all its wrappers (as vLLM shares the platform's)
+_POOLS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def _input_names(runnable: Callable[..., Any]) -> list[str] | None:
+    """Names for the runnable's positional inputs (FX placeholders of a vLLM piece, else its signature)."""
+    graph = getattr(runnable, "graph", None)
+    if hasattr(graph, "nodes"):
+        return [n.name for n in graph.nodes if n.op == "placeholder"]
+    try:
+        params = inspect.signature(runnable).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+class AclEntry:
+    """One captured batch descriptor: its graph, the input addresses it read, its outputs (weak refs)."""
+
+    __slots__ = ("descriptor", "graph", "addresses", "output", "replays")
+
+    def __init__(self, descriptor: Any, graph: Any, addresses: list[tuple[int, int]], output: Any) -> None:
+        self.descriptor = descriptor
+        self.graph = graph
+        self.addresses = addresses
+        self.output = output
+        self.replays = 0
+
+
+class AclGraphWrapper:
+    """vLLM's static graph wrapper (``CUDAGraphWrapper``'s constructor and call) on the device-graph seam.
+
+    ``device`` is for tests: a stand-in with the seam's graph methods. Without
+    it the kernel's device is used and the pool is the platform's global one
+    (``current_platform.get_global_graph_pool()``, as vLLM's wrapper does).
+    """
+
+    def __init__(self, runnable: Callable[..., Any], vllm_config: Any, runtime_mode: Any,
+                 cudagraph_options: Any = None, device: Any = None) -> None:
+        from vllm.config import CUDAGraphMode
+
+        if runtime_mode == CUDAGraphMode.NONE:
+            raise ValueError("a static graph wrapper needs a runtime mode that captures (PIECEWISE or FULL)")
+        self.runnable = runnable
+        self.vllm_config = vllm_config
+        self.runtime_mode = runtime_mode
+        self.gc_disable = bool(getattr(cudagraph_options, "gc_disable", False))
+        self.weak_ref_output = bool(getattr(cudagraph_options, "weak_ref_output", True))
+        if device is None:
+            from vllm.platforms import current_platform
+
+            from ascend_kernel import kernel as kernel_mod
+
+            self.device = kernel_mod.current().device
+            self.graph_pool = current_platform.get_global_graph_pool()
+        else:
+            self.device = device
+            if device not in _POOLS:
+                _POOLS[device] = device.graph_pool_handle()
+            self.graph_pool = _POOLS[device]
+        self.entries: dict[Any, AclEntry] = {}
+        self.input_names = _input_names(runnable)
+
+    def __getattr__(self, key: str) -> Any:
+        runnable = self.__dict__.get("runnable")
+        if runnable is None or not hasattr(runnable, key):
+            raise AttributeError(key)
+        return getattr(runnable, key)
+
+    def unwrap(self) -> Callable[..., Any]:
+        runnable = self.runnable
+        return runnable.unwrap() if hasattr(runnable, "unwrap") else runnable
+
+    def clear_graphs(self) -> None:
+        self.entries.clear()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from vllm.config import CUDAGraphMode
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+
+        if not is_forward_context_available():
+            return self.runnable(*args, **kwargs)
+        context = get_forward_context()
+        mode = context.cudagraph_runtime_mode
+        if mode == CUDAGraphMode.NONE or mode != self.runtime_mode:
+            return self.runnable(*args, **kwargs)
+        descriptor = context.batch_descriptor
+        entry = self.entries.get(descriptor)
+        if entry is None:
+            return self._capture(descriptor, args, kwargs)
+        check_input_addresses(entry.addresses, args, self.input_names, descriptor)
+        entry.graph.replay()
+        entry.replays += 1
+        return entry.output
+
+    def _capture(self, descriptor: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Capture the runnable for this descriptor into a new graph (only while vLLM's capture loop runs)."""
+        from vllm.compilation.monitor import validate_cudagraph_capturing_enabled
+
+        validate_cudagraph_capturing_enabled()
+        device = self.device
+        addresses = input_addresses(args)
+        graph = device.new_graph()
+        weak = lambda out: tree_map(device.weak_ref, out)  # noqa: E731
+        with ExitStack() as stack:
+            if self.gc_disable:  # later pieces of one pass skip the collection the capture context runs
+                stack.enter_context(patch("gc.collect", lambda *a, **k: 0))
+            stack.enter_context(device.graph_capture(graph, pool=self.graph_pool, stream=device.current_stream()))
+            output = self.runnable(*args, **kwargs)
+            if self.weak_ref_output:  # only the last piece's output may be dropped here (no piece reads it)
+                output = weak(output)
+        self.entries[descriptor] = AclEntry(descriptor, graph, addresses, weak(output))
+        return output  # the capture's own tensors, so the allocator sees them in use until the pass ends
+
