@@ -5,9 +5,11 @@ width where expert compute dominates the step (hidden 512, 16 experts, top-4,
 4 layers, experts 256 wide; ``--hidden``/``--experts``/``--top-k``/``--layers``/
 ``--moe-intermediate`` change it).
 Each case starts one engine process per variant, in turn (never two at once
-on this 2-core host), warms it up, then times ``--rounds`` greedy batches of
-``--prompts`` prompts x ``--tokens`` tokens; a variant's throughput is its
-median round (generated tokens / wall seconds). The token ids of every variant
+on this 2-core host), ``--launches`` times in ABBA order (kernel, stock,
+stock, kernel, ...: drift in the host's load falls on both), warms each up,
+then times ``--rounds`` greedy batches of ``--prompts`` prompts x ``--tokens``
+tokens; a variant's throughput is its median round over all its launches
+(generated tokens / wall seconds). The token ids of every variant
 are compared with the first variant's: a faster wrong answer is an error.
 
 Cases:
@@ -43,6 +45,8 @@ CASES = {
     "tp1-compiled": (("kernel", "stock"), {"enforce_eager": False}),
     "tp2-ep": (("kernel",), {"enforce_eager": True, "tensor_parallel_size": 2, "enable_expert_parallel": True}),
 }
+#: marks the engine process's result line (worker processes may print to the same stdout)
+RESULT_TAG = "BENCH_MOE_RESULT "
 WORDS = ("river", "stone", "light", "market", "engine", "garden", "winter", "paper", "signal", "harbor")
 
 
@@ -54,7 +58,7 @@ def prompts(n: int) -> list[str]:
 
 
 def engine_main(spec: dict[str, Any]) -> None:
-    """Start one engine, warm it up, time the rounds; the last stdout line is the result as JSON."""
+    """Start one engine, warm it up, time the rounds; the result is one tagged stdout line of JSON."""
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=spec["model"], dtype="float32", max_model_len=512, seed=0, **spec["engine"])
@@ -68,7 +72,7 @@ def engine_main(spec: dict[str, Any]) -> None:
         wall = time.perf_counter() - started
         tokens = [list(o.outputs[0].token_ids) for o in outputs]
         rates.append(sum(len(t) for t in tokens) / wall)
-    print(json.dumps({"rates": rates, "tokens": tokens}), flush=True)
+    print(RESULT_TAG + json.dumps({"rates": rates, "tokens": tokens}), flush=True)
 
 
 # -- the driver ------------------------------------------------------------------------------------------------
@@ -97,10 +101,10 @@ def run_variant(variant: str, engine: dict[str, Any], args: argparse.Namespace, 
     with open(log, "wb") as err:
         proc = subprocess.run([sys.executable, __file__, "--engine-spec", json.dumps(spec)], cwd=REPO,
                               env=variant_env(variant, engine), stdout=subprocess.PIPE, stderr=err, text=True)
-    lines = proc.stdout.strip().splitlines()
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_TAG)]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"{variant} engine failed (exit {proc.returncode}); log: {log}")
-    return json.loads(lines[-1])
+    return json.loads(lines[-1][len(RESULT_TAG):])
 
 
 def build_model(args: argparse.Namespace, where: Path) -> Path:
@@ -114,7 +118,15 @@ def build_model(args: argparse.Namespace, where: Path) -> Path:
 
 def run_case(name: str, args: argparse.Namespace, model: Path, logs: Path) -> dict[str, Any]:
     variants, engine = CASES[name]
-    results = {v: run_variant(v, engine, args, model, logs / f"{name}-{v}.log") for v in variants}
+    results: dict[str, dict[str, Any]] = {v: {"rates": [], "tokens": None} for v in variants}
+    for launch in range(args.launches):
+        # ABBA over launches: drift in the host's load falls on both variants
+        for variant in (variants if launch % 2 == 0 else variants[::-1]):
+            got = run_variant(variant, engine, args, model, logs / f"{name}-{variant}-{launch}.log")
+            results[variant]["rates"] += got["rates"]
+            if results[variant]["tokens"] not in (None, got["tokens"]):
+                raise SystemExit(f"{name}: {variant}'s tokens changed between launches")
+            results[variant]["tokens"] = got["tokens"]
     first = results[variants[0]]["tokens"]
     for variant, result in results.items():
         if result["tokens"] != first:
@@ -134,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {', '.join(CASES)}")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="timed batches per engine launch")
+    parser.add_argument("--launches", type=int, default=2,
+                        help="engine launches per variant, in ABBA order; the median is over every round")
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--experts", type=int, default=16)
     parser.add_argument("--top-k", type=int, default=4)

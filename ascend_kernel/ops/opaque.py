@@ -17,8 +17,10 @@ Usage, in a provider class::
     @seam_op("swiglu")
     def swiglu(self, x): ...   # the readable eager body
 
-The decorated method calls ``torch.ops.ascend_kernel.swiglu(handle, x)``;
-``method.eager`` is the original body.
+While Dynamo traces, the decorated method calls
+``torch.ops.ascend_kernel.swiglu(handle, x)`` (one opaque node); run eagerly,
+it calls the body directly (the op would run the same body, a few
+microseconds later). ``method.eager`` is the original body.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import functools
 from typing import Any, Callable
 
 import torch
+from torch.compiler import is_compiling
 
 _LIB = torch.library.Library("ascend_kernel", "FRAGMENT")  # noqa: TOR901 - a namespace of our own
 _PROVIDERS: dict[str, Any] = {}
@@ -80,6 +83,21 @@ def define_op(name: str, schema: str, fake: Callable[..., Any]) -> None:
     _DEFINED.add(name)
 
 
+def define_op_once(name: str, schema: str, impl: Callable[..., Any], fake: Callable[..., Any]) -> None:
+    """Register a plugin's own opaque op ``ascend_kernel::name(<schema>`` (no provider handle); once per process.
+
+    For a step that must stay out of traced graphs as a whole (the MoE
+    layer's routed experts); a plain ``torch.library`` op costs less per call
+    than ``torch.library.custom_op``'s wrapper.
+    """
+    if name in _DEFINED:
+        return
+    _LIB.define(f"{name}({schema}")
+    _LIB.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"ascend_kernel::{name}", fake, lib=_LIB)
+    _DEFINED.add(name)
+
+
 def seam_op(name: str, schema: str | None = None,
             fake: Callable[..., Any] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Route a provider method through the registered op ``name``.
@@ -99,6 +117,8 @@ def seam_op(name: str, schema: str | None = None,
     def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(method)
         def call(self: Any, *args: Any) -> Any:
+            if not is_compiling():  # eager: the body itself, without a trip through the dispatcher
+                return method(self, *args)
             return op(provider_handle(self), *args)
 
         call.eager = method  # type: ignore[attr-defined]

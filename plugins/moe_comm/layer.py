@@ -35,12 +35,14 @@ import logging
 from typing import Any
 
 import torch
+from torch.compiler import is_compiling
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
 
 from ascend_kernel import kernel as kernel_mod
 from ascend_kernel.oot_ops import register_oot
 from ascend_kernel.ops import get_ops
+from ascend_kernel.ops.opaque import define_op_once
 from ascend_kernel.runner.kernel_runner import current_trace
 from ascend_kernel_plugins.moe_comm.experts import LocalExperts, gather_expert_maps, slot_table
 from ascend_kernel_plugins.moe_comm.methods.base import run_method
@@ -153,9 +155,16 @@ def _routed_experts_fake(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: 
     return torch.empty_like(x)
 
 
-routed_experts_op = torch.library.custom_op("ascend_kernel::moe_routed_experts", _routed_experts,
-                                            mutates_args=())
-routed_experts_op.register_fake(_routed_experts_fake)
+define_op_once("moe_routed_experts", "Tensor x, Tensor topk_weights, Tensor topk_ids, str layer_name) -> Tensor",
+               _routed_experts, _routed_experts_fake)
+
+
+def routed_experts_op(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                      layer_name: str) -> torch.Tensor:
+    """One opaque node while Dynamo traces; run eagerly, the op's body without the dispatcher."""
+    if is_compiling():
+        return torch.ops.ascend_kernel.moe_routed_experts(x, topk_weights, topk_ids, layer_name)
+    return _routed_experts(x, topk_weights, topk_ids, layer_name)
 
 
 def _metadata_group(parallel: MoEParallel) -> Any:
