@@ -17,9 +17,10 @@ Usage, in a provider class::
     @seam_op("swiglu")
     def swiglu(self, x): ...   # the readable eager body
 
-While Dynamo traces, the decorated method calls
-``torch.ops.ascend_kernel.swiglu(handle, x)`` (one opaque node); run eagerly,
-it calls the body directly (the op would run the same body, a few
+While Dynamo traces, or under a dispatch mode (fake tensors, a recording
+stand-in for device graphs), the decorated method calls
+``torch.ops.ascend_kernel.swiglu(handle, x)`` (one opaque op); run plainly
+eagerly, it calls the body directly (the op would run the same body, a few
 microseconds later). ``method.eager`` is the original body.
 """
 
@@ -31,6 +32,7 @@ from typing import Any, Callable
 import torch
 from torch.compiler import is_compiling
 
+_dispatch_modes = torch._C._len_torch_dispatch_stack  # > 0 while a TorchDispatchMode is active
 _LIB = torch.library.Library("ascend_kernel", "FRAGMENT")  # noqa: TOR901 - a namespace of our own
 _PROVIDERS: dict[str, Any] = {}
 _DEFINED: set[str] = set()
@@ -117,7 +119,7 @@ def seam_op(name: str, schema: str | None = None,
     def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(method)
         def call(self: Any, *args: Any) -> Any:
-            if not is_compiling():  # eager: the body itself, without a trip through the dispatcher
+            if not is_compiling() and not _dispatch_modes():  # plain eager: the body, no trip through the dispatcher
                 return method(self, *args)
             return op(provider_handle(self), *args)
 

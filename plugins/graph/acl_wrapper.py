@@ -29,6 +29,7 @@ from unittest.mock import patch
 
 from torch.utils._pytree import tree_map
 
+from ascend_kernel_plugins.graph.piece_wrapper import PieceWrapper
 from ascend_kernel_plugins.graph.static_wrapper import MovedInputError, check_input_addresses, input_addresses
 
 __all__ = ["AclGraphWrapper", "MovedInputError"]
@@ -62,7 +63,7 @@ class AclEntry:
         self.replays = 0
 
 
-class AclGraphWrapper:
+class AclGraphWrapper(PieceWrapper):
     """vLLM's static graph wrapper (``CUDAGraphWrapper``'s constructor and call) on the device-graph seam.
 
     ``device`` is for tests: a stand-in with the seam's graph methods. Without
@@ -96,33 +97,7 @@ class AclGraphWrapper:
         self.entries: dict[Any, AclEntry] = {}
         self.input_names = _input_names(runnable)
 
-    def __getattr__(self, key: str) -> Any:
-        runnable = self.__dict__.get("runnable")
-        if runnable is None or not hasattr(runnable, key):
-            raise AttributeError(key)
-        return getattr(runnable, key)
-
-    def unwrap(self) -> Callable[..., Any]:
-        runnable = self.runnable
-        return runnable.unwrap() if hasattr(runnable, "unwrap") else runnable
-
-    def clear_graphs(self) -> None:
-        self.entries.clear()
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from vllm.config import CUDAGraphMode
-        from vllm.forward_context import get_forward_context, is_forward_context_available
-
-        if not is_forward_context_available():
-            return self.runnable(*args, **kwargs)
-        context = get_forward_context()
-        mode = context.cudagraph_runtime_mode
-        if mode == CUDAGraphMode.NONE or mode != self.runtime_mode:
-            return self.runnable(*args, **kwargs)
-        descriptor = context.batch_descriptor
-        entry = self.entries.get(descriptor)
-        if entry is None:
-            return self._capture(descriptor, args, kwargs)
+    def _replay(self, entry: AclEntry, descriptor: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         check_input_addresses(entry.addresses, args, self.input_names, descriptor)
         entry.graph.replay()
         entry.replays += 1

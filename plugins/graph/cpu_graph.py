@@ -90,11 +90,11 @@ class CpuGraphMode:
 
 
 def cpu_graph_supported(ctx: Any) -> str | None:
-    if ctx.device.kind != "cpu":
-        return f"cpu-graph is the host fallback of graph capture (device is {ctx.device.kind}; use aclgraph)"
-    model = ctx.vllm_config.model_config
-    if model is not None and model.enforce_eager:
-        return "enforce_eager is set"
+    from ascend_kernel_plugins.graph.modes import capture_refusal
+
+    refusal = capture_refusal(ctx, "cpu", "cpu-graph is the host fallback of graph capture; on an NPU use aclgraph")
+    if refusal is not None:
+        return refusal
     comp = ctx.vllm_config.compilation_config
     if not comp.cudagraph_capture_sizes:
         return "no capture sizes are configured"

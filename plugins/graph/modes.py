@@ -116,10 +116,15 @@ def resolve_npu_graph_config(vllm_config: Any) -> list[ConfigChange]:
     return [c for c in changes if c]
 
 
-def aclgraph_supported(ctx: Any) -> str | None:
-    if ctx.device.kind != "npu":
-        return f"ACL graphs need an NPU (device is {ctx.device.kind})"
+def capture_refusal(ctx: Any, device_kind: str, wrong_device: str) -> str | None:
+    """Why a capturing mode cannot serve this engine (wrong device, or the user asked for eager), else None."""
+    if ctx.device.kind != device_kind:
+        return f"{wrong_device} (device is {ctx.device.kind})"
     model = ctx.vllm_config.model_config
     if model is not None and model.enforce_eager:
         return "enforce_eager is set"
     return None
+
+
+def aclgraph_supported(ctx: Any) -> str | None:
+    return capture_refusal(ctx, "npu", "ACL graphs need an NPU")

@@ -29,6 +29,8 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from ascend_kernel_plugins.graph.piece_wrapper import PieceWrapper
+
 
 class MovedInputError(RuntimeError):
     """A replay got a tensor input at another address than at capture."""
@@ -160,7 +162,7 @@ def _compile_static(target: Callable[..., Any], args: tuple[Any, ...], kwargs: d
     return torch.compile(target, backend=backend, dynamic=False)
 
 
-class StaticShapeWrapper:
+class StaticShapeWrapper(PieceWrapper):
     """vLLM's static graph wrapper interface (``CUDAGraphWrapper``'s constructor), captured per batch descriptor."""
 
     def __init__(self, runnable: Callable[..., Any], vllm_config: Any, runtime_mode: Any,
@@ -178,35 +180,11 @@ class StaticShapeWrapper:
         self.entries: dict[Any, StaticEntry] = {}
         self._target, self._shaped, self.input_names = _target_of(runnable)
 
-    def __getattr__(self, key: str) -> Any:
-        runnable = self.__dict__.get("runnable")
-        if runnable is None or not hasattr(runnable, key):
-            raise AttributeError(key)
-        return getattr(runnable, key)
+    def _ran_plainly(self) -> None:
+        if self.counts and self.book.serving:
+            self.book.eager_fallbacks += 1
 
-    def unwrap(self) -> Callable[..., Any]:
-        runnable = self.runnable
-        return runnable.unwrap() if hasattr(runnable, "unwrap") else runnable
-
-    def clear_graphs(self) -> None:
-        self.entries.clear()
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from vllm.config import CUDAGraphMode
-        from vllm.forward_context import get_forward_context, is_forward_context_available
-
-        if not is_forward_context_available():
-            return self.runnable(*args, **kwargs)
-        context = get_forward_context()
-        mode = context.cudagraph_runtime_mode
-        if mode == CUDAGraphMode.NONE or mode != self.runtime_mode:
-            if self.counts and self.book.serving:
-                self.book.eager_fallbacks += 1
-            return self.runnable(*args, **kwargs)
-        descriptor = context.batch_descriptor
-        entry = self.entries.get(descriptor)
-        if entry is None:
-            return self._capture(descriptor, args, kwargs)
+    def _replay(self, entry: StaticEntry, descriptor: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         entry.check_inputs(args, self.input_names)
         if self.counts:
             self.book.replays[descriptor.num_tokens] += 1
