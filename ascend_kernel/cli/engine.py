@@ -76,9 +76,14 @@ def kernel_report(llm: Any) -> dict[str, Any] | None:
 
 
 def merge_worker_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
-    """The first worker's report plus every worker's step trace under ``ranks`` (also used by the server)."""
+    """The first worker's report plus every worker's step trace under ``ranks`` (also used by the server).
+
+    Each entry names the worker by its rank in its engine and its engine's
+    data-parallel rank (the server passes the workers of every DP engine).
+    """
     report = dict(reports[0])
-    report["ranks"] = [{"rank": rank, "trace": r["trace"]} for rank, r in enumerate(reports)]
+    report["ranks"] = [{"rank": r.get("rank", index), "dp_rank": r.get("dp_rank", 0), "trace": r["trace"]}
+                       for index, r in enumerate(reports)]
     return report
 
 

@@ -14,7 +14,8 @@ active) gets the same route; without the kernel the route answers 404.
 The report is the engine's own: ``collective_rpc("ascend_kernel_report")``
 through the server's engine client (vLLM's ``AsyncLLM``), answered by every
 worker between steps: decision records, config changes, KV-cache
-allocation, the step trace (per rank under ``ranks``), ops provider.
+allocation, the step trace (per rank under ``ranks``), ops provider. With
+data parallelism the workers of every engine answer (:func:`worker_reports`).
 
 vLLM's API-key check (``--api-key`` / ``VLLM_API_KEY``) only guards the
 ``/v1``-style prefixes, and this middleware runs in front of it, so it checks
@@ -43,6 +44,25 @@ def api_tokens(args: Any) -> list[str]:
     from vllm import envs
 
     return [key for key in (getattr(args, "api_key", None) or [envs.VLLM_API_KEY]) if key]
+
+
+async def worker_reports(engine_client: Any) -> list[dict[str, Any]]:
+    """``ascend_kernel_report`` of every worker of every engine this server drives, in DP-rank order.
+
+    With data parallelism vLLM's ``AsyncLLM.collective_rpc`` sends the call to
+    every engine but returns the first engine's answer only (its DP client's
+    ``call_utility_async``); the same client's ``call_utility_all_async``
+    returns one answer per engine it manages: every DP rank with internal load
+    balancing, on this host and on ``--headless`` hosts alike (not the other
+    hosts' ranks with ``--data-parallel-hybrid-lb`` or external LB, where each
+    API server manages only its own).
+    """
+    core = getattr(engine_client, "engine_core", None)
+    call_all = getattr(core, "call_utility_all_async", None)
+    if call_all is None or len(getattr(core, "core_engines", ())) < 2:
+        return list(await engine_client.collective_rpc("ascend_kernel_report", timeout=RPC_TIMEOUT_S))
+    per_engine = await call_all("collective_rpc", "ascend_kernel_report", RPC_TIMEOUT_S, (), None)
+    return [report for engine in per_engine for report in engine]
 
 
 class KernelReportMiddleware:
@@ -74,13 +94,13 @@ class KernelReportMiddleware:
         if engine_client is None:
             return _json(503, {"error": "the server has no engine yet"})
         try:
-            reports = await engine_client.collective_rpc("ascend_kernel_report", timeout=RPC_TIMEOUT_S)
+            reports = await worker_reports(engine_client)
         except Exception as exc:  # noqa: BLE001 - stock workers have no such method; say so, as JSON
             return _json(404, {"error": "ascend-kernel is not active in this server's engine "
                                         f"(its workers did not answer ascend_kernel_report: {exc})"})
         from ascend_kernel.cli.engine import merge_worker_reports
 
-        return _json(200, merge_worker_reports(list(reports)))
+        return _json(200, merge_worker_reports(reports))
 
     def _token_verifier(self, args: Any) -> Any:
         if not self._tokens_read:

@@ -28,7 +28,18 @@ class KernelReportMixin:
             log_startup(self.ascend_kernel_report())
 
     def ascend_kernel_report(self) -> dict[str, Any]:
+        """The runner's report, stamped with this worker's rank in its engine and its engine's data-parallel rank.
+
+        With data parallelism every engine numbers its workers from 0, so the
+        two together name a worker when the server merges all engines' reports.
+        The DP rank is ``data_parallel_index``: for a dense model vLLM makes
+        each DP engine an independent DP=1 engine (``data_parallel_rank`` 0)
+        and keeps the original rank there only.
+        """
         runner = getattr(self, "model_runner", None)
         if runner is None or not hasattr(runner, "kernel_report"):
             raise RuntimeError("this worker has no kernel runner (was the engine started on the kernel platform?)")
-        return runner.kernel_report()
+        report = runner.kernel_report()
+        report["rank"] = getattr(self, "rank", 0)
+        report["dp_rank"] = self.vllm_config.parallel_config.data_parallel_index  # type: ignore[attr-defined]
+        return report

@@ -1,0 +1,238 @@
+"""Data-parallel serving through the kernel: vLLM's own DP launcher, on one host and on two "nodes" (loopback).
+
+The kernel adds no transport: ``ascend-kernel serve`` passes vLLM's
+``--data-parallel-*`` arguments through, vLLM starts one engine core per DP
+rank (each with its own kernel worker) and its API server balances requests
+over them. What the kernel owns here is the report: ``GET
+/ascend-kernel/report`` gathers every engine's workers (see
+``ascend_kernel.cli.serving.worker_reports``), each stamped with its DP rank.
+
+Scenarios, one deployment each (tiny Llama, float32, eager, 4 concurrent prompts of 6 tokens):
+
+* one host, ``--data-parallel-size 2``: both engine cores on this host;
+* two "nodes" on loopback: an API process holding DP rank 0 (``-dp 2 -dpl 1
+  --data-parallel-address 127.0.0.1 --data-parallel-rpc-port P``) and a
+  ``--headless --data-parallel-start-rank 1`` process holding rank 1, joined
+  through vLLM's DP handshake at ADDRESS:P, as on two machines. With internal
+  load balancing (the default) the API node's engine client manages both ranks,
+  so its report reaches the headless node's worker too;
+* tensor parallelism over two "nodes" (``-tp 2 --nnodes 2 --node-rank 0|1``,
+  node 1 ``--headless``): vLLM's MP executor on node 0 drives node 1's worker,
+  and the report lists both TP ranks.
+
+The oracle is transformers' greedy generation. With worker processes (``mp``),
+``VLLM_CPU_OMP_THREADS_BIND`` puts each rank's worker on its own core (vLLM's
+``auto`` bound both DP ranks of this host to core 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ascend_kernel.cli.serving import REPORT_PATH, LocalServer, free_port
+from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, REPO, clean_env, hf_greedy
+
+pytestmark = pytest.mark.e2e
+
+API_KEY = "sk-ascend-kernel-dp"
+MAX_TOKENS = 6
+PROMPTS = ["The capital of France is", "Once upon a time, there was", "the quick brown fox jumps",
+           "Rivers run to the sea and"]
+#: ``uni`` runs each engine core's worker inside the engine-core process (vLLM-CPU allows it only with
+#: VLLM_ENABLE_V1_MULTIPROCESSING=0, which clean_env sets; the server's engine cores stay processes of their
+#: own): two fewer processes importing torch and vLLM per deployment, start-up about halved. DP_TEST_EXECUTOR=mp
+#: runs vLLM's default (a worker process per engine, bound to the cores below), as the README's commands do.
+EXECUTOR = os.environ.get("DP_TEST_EXECUTOR", "uni")
+BASE_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "0",
+             "--max-num-seqs", "8", "--api-key", API_KEY]
+SERVE_ARGS = [*BASE_ARGS, "--distributed-executor-backend", EXECUTOR]
+GREEDY = dict(max_tokens=MAX_TOKENS, temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
+
+
+def server_env(cores: str) -> dict[str, str]:
+    env = clean_env(VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=cores)
+    if EXECUTOR == "mp":
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    return env
+
+
+async def complete_all(server: LocalServer, model: str) -> list[Any]:
+    from openai import AsyncOpenAI
+
+    async with AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=300) as api:
+        return await asyncio.gather(*(api.completions.create(model=model, prompt=p, **GREEDY) for p in PROMPTS))
+
+
+def report(server: LocalServer) -> dict[str, Any]:
+    import urllib.request
+
+    request = urllib.request.Request(f"{server.base_url}{REPORT_PATH}", headers={"Authorization": f"Bearer {API_KEY}"})
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        return json.loads(answer.read())
+
+
+def check_answers(server: LocalServer, model: Path) -> None:
+    """Concurrent completions (so both DP ranks get work) equal transformers' greedy tokens."""
+    answers = asyncio.run(complete_all(server, str(model)))
+    prompt_ids = [a.choices[0].prompt_token_ids for a in answers]
+    ours = [a.choices[0].token_ids for a in answers]
+    assert ours == hf_greedy(model, prompt_ids, MAX_TOKENS)
+    assert all(a.choices[0].finish_reason == "length" for a in answers)
+
+
+def check_report_has_both_ranks(server: LocalServer) -> dict[str, Any]:
+    """Both DP ranks' workers answer, and each ran prefills of its own (the balancer gave it requests)."""
+    merged = report(server)
+    ranks = merged["ranks"]
+    assert [(r["dp_rank"], r["rank"]) for r in ranks] == [(0, 0), (1, 0)], ranks
+    for entry in ranks:
+        states = entry["trace"]["attention_states"]
+        assert states.get("PrefillNoCache", 0) > 0, entry  # dummy runs of an idle DP rank are not counted
+    assert sum(r["trace"]["steps"] for r in ranks) >= 2
+    assert merged["ranks"][0]["trace"] == merged["trace"]  # the top level is DP rank 0's first worker
+    assert merged["device"]["kind"] == "cpu"
+    return merged
+
+
+# -- one host, two DP ranks -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def single_host(tiny_llama, tmp_path_factory) -> Any:
+    # one API server (vLLM's default with -dp N is N of them; any one answers the report for every rank)
+    argv = [*CLI, "serve", str(tiny_llama), *SERVE_ARGS, "--data-parallel-size", "2", "--api-server-count", "1"]
+    server = LocalServer(argv, server_env("0|1"), tmp_path_factory.mktemp("dp") / "server.log", api_key=API_KEY)
+    server.start(timeout_s=ENGINE_TIMEOUT_S)
+    yield server
+    server.stop()
+
+
+def test_single_host_dp2_answers_equal_transformers_and_report_lists_both_ranks(single_host, tiny_llama):
+    check_answers(single_host, tiny_llama)
+    check_report_has_both_ranks(single_host)
+    log = single_host.log_text()
+    assert log.count("ascend-kernel is active: device cpu") == 2, log[-3000:]  # one per engine
+    assert "EngineCore_DP0" in log and "EngineCore_DP1" in log
+
+
+# -- two "nodes" on loopback ----------------------------------------------------------------------------------
+
+
+class HeadlessNode:
+    """``ascend-kernel serve MODEL --headless ...`` in its own process group (no HTTP: readiness is the API node's)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        with open(log_path, "wb") as log:
+            self.process = subprocess.Popen(argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def terminate(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tiny_llama, tmp_path_factory) -> Any:
+    logs = tmp_path_factory.mktemp("dp-nodes")
+    rpc_port = free_port()
+    dp = ["--data-parallel-size", "2", "--data-parallel-size-local", "1",
+          "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(rpc_port)]
+    headless = HeadlessNode([*CLI, "serve", str(tiny_llama), *SERVE_ARGS, *dp, "--headless",
+                             "--data-parallel-start-rank", "1"], server_env("1"), logs / "node1.log")
+    api = LocalServer([*CLI, "serve", str(tiny_llama), *SERVE_ARGS, *dp, "--api-server-count", "1"],
+                      server_env("0"), logs / "node0.log", api_key=API_KEY)
+    try:
+        try:
+            api.start(timeout_s=ENGINE_TIMEOUT_S)
+        except Exception as exc:
+            raise RuntimeError(f"{exc}\n--- headless node log tail ---\n{headless.log_text()[-3000:]}") from None
+        yield api, headless
+    finally:
+        headless.terminate()
+        api.stop()
+        headless.stop()
+
+
+def test_two_nodes_on_loopback_answer_like_transformers_and_api_node_reports_both(two_nodes, tiny_llama):
+    api, headless = two_nodes
+    check_answers(api, tiny_llama)
+    check_report_has_both_ranks(api)
+    # each node started its own engine (and kernel worker): rank 0 beside the API server, rank 1 headless
+    api_log, node_log = api.log_text(), headless.log_text()
+    assert "EngineCore_DP0" in api_log and "EngineCore_DP1" not in api_log
+    assert "EngineCore_DP1" in node_log and "EngineCore_DP0" not in node_log
+    assert node_log.count("ascend-kernel is active: device cpu") == 1, node_log[-3000:]
+    assert headless.process.poll() is None
+
+
+# -- tensor parallelism across two "nodes" (vLLM's --nnodes/--node-rank, MP executor) ------------------------
+
+
+@pytest.fixture(scope="module")
+def multi_node_tp(tiny_llama, tmp_path_factory) -> Any:
+    """TP=2 split over two processes standing for two hosts: node 0 serves, node 1 is ``--headless``.
+
+    vLLM's MP executor on the leader node (node 0) drives the follower node's
+    worker through its message queue; the follower runs only workers (no
+    engine core, no API server), which is why node 1 must be ``--headless``.
+    The TP workers always use vLLM's ``mp`` executor (``uni`` holds one worker).
+    """
+    logs = tmp_path_factory.mktemp("tp-nodes")
+    tp = ["--tensor-parallel-size", "2", "--nnodes", "2", "--master-addr", "127.0.0.1",
+          "--master-port", str(free_port()), "--distributed-executor-backend", "mp"]
+    args = [*CLI, "serve", str(tiny_llama), *BASE_ARGS, *tp]
+    env = {**server_env("0"), "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    follower = HeadlessNode([*args, "--node-rank", "1", "--headless"], {**env, "VLLM_CPU_OMP_THREADS_BIND": "1"},
+                            logs / "node1.log")
+    leader = LocalServer([*args, "--node-rank", "0"], env, logs / "node0.log", api_key=API_KEY)
+    try:
+        try:
+            leader.start(timeout_s=ENGINE_TIMEOUT_S)
+        except Exception as exc:
+            raise RuntimeError(f"{exc}\n--- follower node log tail ---\n{follower.log_text()[-3000:]}") from None
+        yield leader, follower
+    finally:
+        # the follower's worker waits in a collective for the gone leader and is SIGKILLed by its executor
+        # after 9 s of grace periods; nothing there is worth the wait
+        follower.terminate()
+        leader.stop()
+        follower.stop(timeout_s=2)
+
+
+def test_tensor_parallel_over_two_nodes_answers_like_transformers_and_reports_both_tp_ranks(multi_node_tp,
+                                                                                           tiny_llama):
+    leader, follower = multi_node_tp
+    check_answers(leader, tiny_llama)
+    ranks = report(leader)["ranks"]
+    # the follower node's TP worker answers the report through the leader's executor
+    assert [(r["dp_rank"], r["rank"]) for r in ranks] == [(0, 0), (0, 1)], ranks
+    assert ranks[0]["trace"] == ranks[1]["trace"]  # TP ranks run every step together
+    assert ranks[1]["trace"]["attention_states"].get("PrefillNoCache", 0) > 0
+    node_log = follower.log_text()
+    assert "TP rank 1" in node_log and "headless multiproc executor" in node_log
+    assert follower.process.poll() is None
