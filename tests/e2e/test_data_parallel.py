@@ -28,12 +28,13 @@ The oracle is transformers' greedy generation. With worker processes (``mp``),
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -156,6 +157,21 @@ class HeadlessNode:
         self.process.wait()
 
 
+@contextlib.contextmanager
+def running(api: LocalServer, headless: HeadlessNode, what: str, headless_stop_s: float = 60.0) -> Iterator[None]:
+    """Start the API node (the headless one is already starting), and stop both, whatever the tests did."""
+    try:
+        try:
+            api.start(timeout_s=ENGINE_TIMEOUT_S)
+        except Exception as exc:
+            raise RuntimeError(f"{exc}\n--- {what} log tail ---\n{headless.log_text()[-3000:]}") from None
+        yield
+    finally:
+        headless.terminate()
+        api.stop()
+        headless.stop(timeout_s=headless_stop_s)
+
+
 @pytest.fixture(scope="module")
 def two_nodes(tiny_llama, tmp_path_factory) -> Any:
     logs = tmp_path_factory.mktemp("dp-nodes")
@@ -166,16 +182,8 @@ def two_nodes(tiny_llama, tmp_path_factory) -> Any:
                              "--data-parallel-start-rank", "1"], server_env("1"), logs / "node1.log")
     api = LocalServer([*CLI, "serve", str(tiny_llama), *SERVE_ARGS, *dp, "--api-server-count", "1"],
                       server_env("0"), logs / "node0.log", api_key=API_KEY)
-    try:
-        try:
-            api.start(timeout_s=ENGINE_TIMEOUT_S)
-        except Exception as exc:
-            raise RuntimeError(f"{exc}\n--- headless node log tail ---\n{headless.log_text()[-3000:]}") from None
+    with running(api, headless, "headless node"):
         yield api, headless
-    finally:
-        headless.terminate()
-        api.stop()
-        headless.stop()
 
 
 def test_two_nodes_on_loopback_answer_like_transformers_and_api_node_reports_both(two_nodes, tiny_llama):
@@ -210,18 +218,10 @@ def multi_node_tp(tiny_llama, tmp_path_factory) -> Any:
     follower = HeadlessNode([*args, "--node-rank", "1", "--headless"], {**env, "VLLM_CPU_OMP_THREADS_BIND": "1"},
                             logs / "node1.log")
     leader = LocalServer([*args, "--node-rank", "0"], env, logs / "node0.log", api_key=API_KEY)
-    try:
-        try:
-            leader.start(timeout_s=ENGINE_TIMEOUT_S)
-        except Exception as exc:
-            raise RuntimeError(f"{exc}\n--- follower node log tail ---\n{follower.log_text()[-3000:]}") from None
+    # the follower's worker waits in a collective for the gone leader and is SIGKILLed by its executor after
+    # 9 s of grace periods; nothing there is worth the wait
+    with running(leader, follower, "follower node", headless_stop_s=2):
         yield leader, follower
-    finally:
-        # the follower's worker waits in a collective for the gone leader and is SIGKILLed by its executor
-        # after 9 s of grace periods; nothing there is worth the wait
-        follower.terminate()
-        leader.stop()
-        follower.stop(timeout_s=2)
 
 
 def test_tensor_parallel_over_two_nodes_answers_like_transformers_and_reports_both_tp_ranks(multi_node_tp,
