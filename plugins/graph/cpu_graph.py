@@ -98,6 +98,12 @@ def cpu_graph_supported(ctx: Any) -> str | None:
     comp = ctx.vllm_config.compilation_config
     if not comp.cudagraph_capture_sizes:
         return "no capture sizes are configured"
+    model = ctx.vllm_config.model_config
+    if model is not None and getattr(model, "use_mla", False) and ctx.settings.attention_backend != "ascend":
+        # vLLM-CPU's MLA backend writes the padded batch's latents against the real tokens' slots
+        return ("vLLM-CPU's MLA backend cannot take a batch padded to a capture size (its KV-cache write "
+                "fails on the padding rows); with cpu-graph, MLA models need the Ascend backend "
+                "(ASCEND_KERNEL_ATTENTION_BACKEND=ascend)")
     return None
 
 
