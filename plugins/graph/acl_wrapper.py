@@ -21,33 +21,19 @@ Not run on an NPU: the real calls follow torch_npu's documented signatures
 
 from __future__ import annotations
 
-import inspect
 import weakref
 from contextlib import ExitStack
 from typing import Any, Callable
-from unittest.mock import patch
 
 from torch.utils._pytree import tree_map
 
-from ascend_kernel_plugins.graph.piece_wrapper import PieceWrapper
-from ascend_kernel_plugins.graph.static_wrapper import MovedInputError, check_input_addresses, input_addresses
+from ascend_kernel_plugins.graph.piece_wrapper import (MovedInputError, PieceWrapper, check_input_addresses,
+                                                      gc_collect_skipped, input_addresses, piece_input_names)
 
 __all__ = ["AclGraphWrapper", "MovedInputError"]
 
 #: one pool token per injected device, shared by all its wrappers (as vLLM shares the platform's)
 _POOLS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
-
-
-def _input_names(runnable: Callable[..., Any]) -> list[str] | None:
-    """Names for the runnable's positional inputs (FX placeholders of a vLLM piece, else its signature)."""
-    graph = getattr(runnable, "graph", None)
-    if hasattr(graph, "nodes"):
-        return [n.name for n in graph.nodes if n.op == "placeholder"]
-    try:
-        params = inspect.signature(runnable).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 class AclEntry:
@@ -95,7 +81,7 @@ class AclGraphWrapper(PieceWrapper):
                 _POOLS[device] = device.graph_pool_handle()
             self.graph_pool = _POOLS[device]
         self.entries: dict[Any, AclEntry] = {}
-        self.input_names = _input_names(runnable)
+        self.input_names = piece_input_names(runnable)
 
     def _replay(self, entry: AclEntry, descriptor: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         check_input_addresses(entry.addresses, args, self.input_names, descriptor)
@@ -114,7 +100,7 @@ class AclGraphWrapper(PieceWrapper):
         weak = lambda out: tree_map(device.weak_ref, out)  # noqa: E731
         with ExitStack() as stack:
             if self.gc_disable:  # later pieces of one pass skip the collection the capture context runs
-                stack.enter_context(patch("gc.collect", lambda *a, **k: 0))
+                stack.enter_context(gc_collect_skipped())
             stack.enter_context(device.graph_capture(graph, pool=self.graph_pool, stream=device.current_stream()))
             output = self.runnable(*args, **kwargs)
             if self.weak_ref_output:  # only the last piece's output may be dropped here (no piece reads it)

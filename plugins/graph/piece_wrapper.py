@@ -8,11 +8,70 @@ attribute reads to the piece it wraps (vLLM reads them), runs the piece
 plainly when the forward pass is not its mode, captures a descriptor on
 first sight (vLLM's capture loop) and replays it afterwards. Subclasses say
 how to capture and replay (:meth:`_capture`, :meth:`_replay`).
+
+Also shared: the capture invariant. A captured graph reads its inputs by
+address, so every wrapper records each tensor input's address at capture and
+checks it before a replay (:func:`check_input_addresses`), naming the input
+that moved (vLLM checks this only in debug mode).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+import gc
+import inspect
+from typing import Any, Callable, Iterator
+
+import torch
+from vllm.config import CUDAGraphMode
+from vllm.forward_context import get_forward_context, is_forward_context_available
+
+
+class MovedInputError(RuntimeError):
+    """A replay got a tensor input at another address than at capture."""
+
+
+def input_addresses(args: tuple[Any, ...]) -> list[tuple[int, int]]:
+    """(position, data_ptr) of every tensor input, as a captured graph reads them."""
+    return [(i, a.data_ptr()) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+
+
+def check_input_addresses(addresses: list[tuple[int, int]], args: tuple[Any, ...], names: list[str] | None,
+                          descriptor: Any) -> None:
+    """Raise :class:`MovedInputError` naming the first tensor input not at its captured address."""
+    for index, captured in addresses:
+        now = args[index].data_ptr()
+        if now != captured:
+            name = names[index] if names is not None and index < len(names) else "?"
+            raise MovedInputError(
+                f"static graph input {index} ({name}) moved since capture of {descriptor}: "
+                f"captured at {captured:#x}, now at {now:#x}. Captured graphs read their inputs by "
+                "address; write per-step inputs into the persistent buffers in place instead of rebinding them.")
+
+
+def piece_input_names(runnable: Callable[..., Any]) -> list[str] | None:
+    """Names of a runnable's positional inputs: a vLLM piece's FX placeholders, else its signature."""
+    graph = getattr(runnable, "graph", None)
+    if isinstance(graph, torch.fx.GraphModule):
+        graph = graph.graph
+    if isinstance(graph, torch.fx.Graph):
+        return [n.name for n in graph.nodes if n.op == "placeholder"]
+    try:
+        params = inspect.signature(runnable).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+@contextlib.contextmanager
+def gc_collect_skipped() -> Iterator[None]:
+    """``gc.collect`` does nothing inside (a capture context collects on entry; later pieces need not)."""
+    collect = gc.collect
+    gc.collect = lambda *args, **kwargs: 0
+    try:
+        yield
+    finally:
+        gc.collect = collect
 
 
 class PieceWrapper:
@@ -36,9 +95,6 @@ class PieceWrapper:
         self.entries.clear()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from vllm.config import CUDAGraphMode
-        from vllm.forward_context import get_forward_context, is_forward_context_available
-
         if not is_forward_context_available():
             return self.runnable(*args, **kwargs)
         context = get_forward_context()

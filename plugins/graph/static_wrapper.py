@@ -29,29 +29,8 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ascend_kernel_plugins.graph.piece_wrapper import PieceWrapper
-
-
-class MovedInputError(RuntimeError):
-    """A replay got a tensor input at another address than at capture."""
-
-
-def input_addresses(args: tuple[Any, ...]) -> list[tuple[int, int]]:
-    """(position, data_ptr) of every tensor input, as a captured graph reads them."""
-    return [(i, a.data_ptr()) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-
-
-def check_input_addresses(addresses: list[tuple[int, int]], args: tuple[Any, ...], names: list[str] | None,
-                          descriptor: Any) -> None:
-    """Raise :class:`MovedInputError` naming the first tensor input not at its captured address."""
-    for index, captured in addresses:
-        now = args[index].data_ptr()
-        if now != captured:
-            name = names[index] if names is not None and index < len(names) else "?"
-            raise MovedInputError(
-                f"static graph input {index} ({name}) moved since capture of {descriptor}: "
-                f"captured at {captured:#x}, now at {now:#x}. Captured graphs read their inputs by "
-                "address; write per-step inputs into the persistent buffers in place instead of rebinding them.")
+from ascend_kernel_plugins.graph.piece_wrapper import (  # noqa: F401 - MovedInputError is part of this API
+    MovedInputError, PieceWrapper, check_input_addresses, input_addresses, piece_input_names)
 
 
 @dataclass
@@ -137,7 +116,7 @@ def _target_of(runnable: Any) -> tuple[Callable[..., Any], Callable[[Any], Any],
     """
     graph = getattr(runnable, "graph", None)
     if isinstance(graph, torch.fx.GraphModule):
-        names = [n.name for n in graph.graph.nodes if n.op == "placeholder"]
+        names = piece_input_names(runnable)
         returns_tuple = getattr(runnable, "returns_tuple", True)
 
         def shaped(out: Any) -> Any:

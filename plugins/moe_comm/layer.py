@@ -120,7 +120,7 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
               shared_experts: Any, shared_experts_input: torch.Tensor | None) -> torch.Tensor:
         if self.local_experts is None:
             return super().apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
-        return routed_experts_op(x, topk_weights, topk_ids, self.layer_name)
+        return self.routed_experts(x, topk_weights, topk_ids)
 
     def apply_monolithic(self, layer: Any, x: torch.Tensor, router_logits: torch.Tensor,
                          input_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -129,7 +129,13 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         weights, ids = self.seam_ops.moe_gating_top_k_softmax(router_logits, self.top_k)
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        return routed_experts_op(x, weights, ids, self.layer_name)
+        return self.routed_experts(x, weights, ids)
+
+    def routed_experts(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        """One opaque op while Dynamo traces (it finds this method again by layer name); eagerly, a direct call."""
+        if is_compiling():
+            return torch.ops.ascend_kernel.moe_routed_experts(x, topk_weights, topk_ids, self.layer_name)
+        return self.run_experts(x, topk_weights, topk_ids)
 
     def run_experts(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """This rank's partial MoE output through the batch's comm method (runs eagerly, inside the op)."""
@@ -140,7 +146,10 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         out, computed = run_method(method, x, topk_weights, topk_ids, self.local_experts, self.parallel)
         trace = current_trace()
         if trace is not None:
-            trace.count_on_device("moe_tokens", method.name, computed)
+            if isinstance(computed, int):
+                trace.count("moe_tokens", method.name, computed)
+            else:
+                trace.count_on_device("moe_tokens", method.name, computed)
         return out
 
 
@@ -158,13 +167,6 @@ def _routed_experts_fake(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: 
 define_op_once("moe_routed_experts", "Tensor x, Tensor topk_weights, Tensor topk_ids, str layer_name) -> Tensor",
                _routed_experts, _routed_experts_fake)
 
-
-def routed_experts_op(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                      layer_name: str) -> torch.Tensor:
-    """One opaque node while Dynamo traces; run eagerly, the op's body without the dispatcher."""
-    if is_compiling():
-        return torch.ops.ascend_kernel.moe_routed_experts(x, topk_weights, topk_ids, layer_name)
-    return _routed_experts(x, topk_weights, topk_ids, layer_name)
 
 
 def _metadata_group(parallel: MoEParallel) -> Any:

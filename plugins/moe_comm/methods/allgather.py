@@ -45,10 +45,10 @@ class AllGatherMethod(MoECommMethod):
         dist.reduce_scatter_tensor(out, blocks.contiguous(), group=parallel.token_group)
         return out[: sizes[parallel.token_rank]]
 
-    def run(self, hidden, topk_weights, topk_ids, experts, parallel) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, hidden, topk_weights, topk_ids, experts, parallel) -> tuple[torch.Tensor, torch.Tensor | int]:
         if parallel.ep_size == 1 and parallel.token_size == 1:
-            computed = torch.full((), topk_ids.numel(), dtype=torch.int64, device=hidden.device)
-            return experts.weighted_mlp(hidden, topk_weights, slots_of(topk_ids, experts)), computed
+            # every (token, expert) row is computed here, a count the host knows without reading the device
+            return experts.weighted_mlp(hidden, topk_weights, slots_of(topk_ids, experts)), topk_ids.numel()
         return super().run(hidden, topk_weights, topk_ids, experts, parallel)
 
     def dispatch(self, hidden, topk_weights, topk_ids, experts, parallel) -> Dispatched:

@@ -58,8 +58,9 @@ class MoECommMethod:
         raise NotImplementedError
 
     def run(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-            experts: LocalExperts, parallel: MoEParallel) -> tuple[torch.Tensor, torch.Tensor]:
-        """Dispatch, this rank's experts, combine: (this rank's partial output, rows its experts computed).
+            experts: LocalExperts, parallel: MoEParallel) -> tuple[torch.Tensor, torch.Tensor | int]:
+        """Dispatch, this rank's experts, combine: (this rank's partial output, rows its experts computed:
+        a 0-d device tensor, or an int where the host knows it).
 
         A method may do the same in fewer steps (all-gather with every expert
         local hands the whole batch to one fused kernel); the result must not change.
@@ -78,7 +79,7 @@ def run_three_steps(method: Any, hidden: torch.Tensor, topk_weights: torch.Tenso
 
 
 def run_method(method: Any, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-               experts: LocalExperts, parallel: MoEParallel) -> tuple[torch.Tensor, torch.Tensor]:
+               experts: LocalExperts, parallel: MoEParallel) -> tuple[torch.Tensor, torch.Tensor | int]:
     """``method.run`` where the method has one, else dispatch -> experts -> combine."""
     run = getattr(method, "run", None)
     if run is None:
