@@ -286,7 +286,11 @@ def ascend_kernel_graph_modes() -> "list[Implementation]":
     static-graph answers ``supports_static_graph() -> bool`` and
     ``static_graph_wrapper_cls() -> str`` (the dotted class vLLM wraps
     captured pieces in). Optional ``describe() -> dict``: the report's
-    ``graph`` object (mode, captured sizes, capture time, replays).
+    ``graph`` object (mode, captured sizes, capture time, replays). Optional
+    ``wrap_model(model, vllm_config) -> model``: called once after vLLM loads
+    the model, returns what the runner calls instead (a full-graph mode wraps
+    the whole model in its static graph wrapper); the runner's ``get_model()``
+    still returns the model itself (through the wrapper's ``unwrap()``).
     """
 
 

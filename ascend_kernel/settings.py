@@ -117,6 +117,12 @@ class KernelSettings(BaseSettings):
         None, description="Batch sizes (tokens) a capturing graph mode captures, comma separated; "
         "unset means the mode's default. Larger batches run eagerly.",
     )
+    graph_capture_mode: Literal["auto", "piecewise", "full_decode_only"] = Field(
+        "auto", description="What a capturing graph mode captures: 'piecewise' (attention runs between captured "
+        "pieces; every batch up to the largest size) or 'full_decode_only' (uniform decode batches captured whole, "
+        "attention inside; other batches run eagerly). 'auto': the mode's default (cpu-graph: piecewise; aclgraph: "
+        "vLLM's cudagraph_mode).",
+    )
 
     # -- feature toggles (typed replacements of the seeds' VLLM_ASCEND_* env vars)
     enable_topk_topp_optimization: bool = Field(

@@ -1,17 +1,24 @@
-"""Decode tokens/s of cpu-graph vs the kernel's eager mode vs stock vLLM-CPU compiled, in one run.
+"""Decode step time of cpu-graph (piecewise and full_decode_only) vs the kernel's eager mode vs stock vLLM-CPU
+compiled, in one run.
 
-Three engines, each in its own process (vLLM fixes its platform per process),
+Engines (``--engines``, default all): ``eager`` (the kernel, enforce_eager), ``cpu-graph`` (piecewise),
+``cpu-graph-full`` (full_decode_only; it needs the Ascend attention backend, which on a CPU runs the
+reference ops), ``stock-compiled`` (vLLM-CPU's default compilation, no kernel). Each in its own process (vLLM fixes its platform per process),
 started one after another so each start-up is timed alone (``startup_s``:
 building ``LLM``, which includes cpu-graph's capture). Then rounds: in every
 round each engine, in an order rotated per round, runs one block per batch
 size. A block is two greedy generations of ``batch`` copies of one prompt:
 ``--tokens`` tokens and 1 token (the prefill alone); their difference is the
 decode time, so ``decode_tok_s = batch * (tokens - 1) / (t_long - t_short)``.
-Per engine and batch the median over rounds is reported, and the ratios
-cpu-graph / eager and cpu-graph / stock-compiled. Every block's tokens must
-equal the other engines' (greedy, same model), or the run fails.
+Per engine and batch the median over rounds is reported as the decode step
+time, with its ratios against eager and stock-compiled (above 1: faster) and
+the range of the per-round paired ratios (each round runs every engine once,
+so a ratio within a round compares runs made seconds apart). Every block's
+tokens must equal the other engines' (greedy, same model), or the run fails.
+``--json`` prints a list of rows ``{"model", "batch", "mode", "step_ms",
+"vs_eager", "vs_stock_compiled", ...}``.
 
-    nice -n 10 .venv/bin/python bench/graph.py --model /tmp/llama [--sizes 1,2,4] [--batches 1,3] [--json]
+    nice -n 10 .venv/bin/python bench/graph.py --model /tmp/llama [--sizes 1,2,4] [--batches 1,8,32] [--json]
 
 Honest limits: a shared 2-core VM; processes differ in memory placement by a
 few per cent (see bench/step_overhead.py), which one launch does not average out.
@@ -29,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 PROMPT = "The quick brown fox jumps over the lazy dog while the"
-ENGINES = ("eager", "cpu-graph", "stock-compiled")
+ENGINES = ("eager", "cpu-graph", "cpu-graph-full", "stock-compiled")
 
 
 # -- inside each engine process ------------------------------------------------------------------------
@@ -41,8 +48,11 @@ def _engine(name: str, model: str, sizes: list[int]) -> Any:
     kernel = name != "stock-compiled"
     engine.prepare_process(kernel=kernel)
     extra: dict[str, Any] = {}
-    if name == "cpu-graph":
-        extra["additional_config"] = {"ascend_kernel": {"graph_mode": "cpu-graph", "graph_capture_sizes": sizes}}
+    if name.startswith("cpu-graph"):
+        section = {"graph_mode": "cpu-graph", "graph_capture_sizes": sizes}
+        if name == "cpu-graph-full":
+            section.update(graph_capture_mode="full_decode_only", attention_backend="ascend")
+        extra["additional_config"] = {"ascend_kernel": section}
     request = engine.EngineRequest(model=model, kernel=kernel, enforce_eager=name == "eager", extra=extra)
     return engine.build_llm(request)
 
@@ -118,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--engines", default=",".join(ENGINES), help="which engines to run (eager and "
+                   "stock-compiled are always run: they are the baselines)")
     p.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -125,7 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         worker(args.worker, args.model, sizes)
         return 0
     batches = [int(b) for b in args.batches.split(",")]
-    engines = [Engine(name, args.model, sizes) for name in ENGINES]
+    wanted = set(args.engines.split(",")) | {"eager", "stock-compiled"}
+    unknown = wanted - set(ENGINES)
+    if unknown:
+        p.error(f"--engines: unknown {sorted(unknown)}; allowed: {', '.join(ENGINES)}")
+    engines = [Engine(name, args.model, sizes) for name in ENGINES if name in wanted]
+    names = [e.name for e in engines]
     samples: dict[tuple[str, int], list[float]] = {(e.name, b): [] for e in engines for b in batches}
     try:
         for r in range(args.rounds):
@@ -134,28 +151,37 @@ def main(argv: list[str] | None = None) -> int:
                 ids = {}
                 for e in order:
                     block = e.block(batch, args.tokens)
-                    samples[(e.name, batch)].append(block["tok_s"])
+                    samples[(e.name, batch)].append(block["decode_s"] / (args.tokens - 1))
                     ids[e.name] = block["ids"]
                 if len({json.dumps(v) for v in ids.values()}) != 1:
                     raise SystemExit(f"tokens differ between engines at batch {batch}: {ids}")
     finally:
         for e in engines:
             e.close()
-    result: dict[str, Any] = {"model": args.model, "sizes": sizes, "tokens": args.tokens, "rounds": args.rounds,
-                              "startup_s": {e.name: round(e.hello["startup_s"], 2) for e in engines},
-                              "graph": next(e.hello["graph"] for e in engines if e.name == "cpu-graph"),
-                              "decode_tok_s": {}, "ratios": {}}
+    rows = []
     for batch in batches:
-        med = {name: statistics.median(samples[(name, batch)]) for name in ENGINES}
-        result["decode_tok_s"][str(batch)] = {k: round(v, 1) for k, v in med.items()}
-        result["ratios"][str(batch)] = {"cpu-graph/eager": round(med["cpu-graph"] / med["eager"], 3),
-                                        "cpu-graph/stock-compiled": round(med["cpu-graph"] / med["stock-compiled"], 3)}
+        for e in engines:
+            step = samples[(e.name, batch)]
+            row: dict[str, Any] = {"model": args.model, "batch": batch, "mode": e.name,
+                                   "step_ms": round(1000 * statistics.median(step), 3),
+                                   "startup_s": round(e.hello["startup_s"], 2)}
+            for base, key in (("eager", "vs_eager"), ("stock-compiled", "vs_stock_compiled")):
+                ref = samples[(base, batch)]
+                paired = sorted(b / a for a, b in zip(step, ref))  # per round: baseline time / this time
+                row[key] = round(statistics.median(ref) / statistics.median(step), 3)
+                row[key + "_range"] = [round(paired[0], 3), round(paired[-1], 3)]
+            if e.hello["graph"]:
+                row["capture_s"] = e.hello["graph"].get("capture_s")
+                row["replays"] = e.hello["graph"].get("replays")
+            rows.append(row)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(rows, indent=2))
         return 0
-    print(f"start-up s: {result['startup_s']}")
-    for batch in batches:
-        print(f"batch {batch}: decode tok/s {result['decode_tok_s'][str(batch)]}  ratios {result['ratios'][str(batch)]}")
+    print(f"{'batch':>5} {'mode':>15} {'step ms':>8} {'vs eager':>16} {'vs stock compiled':>18} {'start-up s':>10}")
+    for row in rows:
+        print(f"{row['batch']:>5} {row['mode']:>15} {row['step_ms']:>8} "
+              f"{row['vs_eager']:>6} {str(row['vs_eager_range']):>9} {row['vs_stock_compiled']:>6} "
+              f"{str(row['vs_stock_compiled_range']):>11} {row['startup_s']:>10}")
     return 0
 
 

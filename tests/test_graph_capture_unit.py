@@ -256,13 +256,99 @@ def test_cpu_graph_refuses_mla_on_vllms_cpu_mla_backend():
 
     from ascend_kernel_plugins.graph.cpu_graph import cpu_graph_supported
 
-    def ctx(use_mla: bool, backend: str) -> SimpleNamespace:
+    def ctx(use_mla: bool, backend: str, capture: str = "auto") -> SimpleNamespace:
         config = SimpleNamespace(model_config=SimpleNamespace(enforce_eager=False, use_mla=use_mla),
                                  compilation_config=SimpleNamespace(cudagraph_capture_sizes=[1, 2, 4]))
         return SimpleNamespace(device=SimpleNamespace(kind="cpu"), vllm_config=config,
-                               settings=SimpleNamespace(attention_backend=backend))
+                               settings=SimpleNamespace(attention_backend=backend, graph_capture_mode=capture))
 
     refusal = cpu_graph_supported(ctx(True, "auto"))
     assert refusal is not None and "ASCEND_KERNEL_ATTENTION_BACKEND=ascend" in refusal
     assert cpu_graph_supported(ctx(True, "ascend")) is None
     assert cpu_graph_supported(ctx(False, "auto")) is None
+    # full_decode_only: vLLM's CPU attention declares no full-graph support, the Ascend backend does
+    refusal = cpu_graph_supported(ctx(False, "auto", "full_decode_only"))
+    assert refusal is not None and "graph_capture_mode=full_decode_only" in refusal and "piecewise" in refusal
+    assert cpu_graph_supported(ctx(False, "ascend", "full_decode_only")) is None
+    assert cpu_graph_supported(ctx(True, "ascend", "piecewise")) is None
+
+
+# -- full_decode_only: the whole model in the wrapper, called by keyword ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def full_cfg(tmp_path_factory):
+    from vllm.config import ModelConfig, VllmConfig
+
+    from ascend_kernel.models import create_tiny_model
+    from ascend_kernel_plugins.graph.cpu_graph import resolve_cpu_graph_config
+
+    model = create_tiny_model("llama", tmp_path_factory.mktemp("cg_full") / "llama")
+    config = VllmConfig(model_config=ModelConfig(model=str(model), max_model_len=128))
+    config.changes = resolve_cpu_graph_config(config, [1, 2, 4], "full_decode_only")
+    return config
+
+
+class TinyModel(torch.nn.Module):
+    """Called as vLLM calls a model (keyword inputs); like vLLM's MoE layers it finishes its set-up on first call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.scale: float | None = None
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.scale is None:
+            self.scale = 2.0
+        return self.proj(torch.nn.functional.one_hot(input_ids, 8).float()) * self.scale + positions[:, None]
+
+
+def full_pass(cfg, dispatcher, model, ids, pos, num_tokens):
+    from vllm.forward_context import set_forward_context
+
+    mode, descriptor = dispatcher.dispatch(num_tokens, uniform_decode=True)
+    n = descriptor.num_tokens
+    with set_forward_context(None, cfg, num_tokens=n, cudagraph_runtime_mode=mode, batch_descriptor=descriptor):
+        return model(input_ids=ids[:n], positions=pos[:n]), mode
+
+
+def test_full_decode_only_config_and_whole_model_replays(full_cfg):
+    from vllm.compilation.monitor import set_cudagraph_capturing_enabled
+    from vllm.config import CompilationMode
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+    from ascend_kernel_plugins.graph.full_graph import wrap_whole_model
+    from ascend_kernel_plugins.graph.static_wrapper import CaptureBook, MovedInputError, StaticShapeWrapper
+
+    comp = full_cfg.compilation_config
+    assert comp.mode == CompilationMode.NONE and comp.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
+    dispatcher = CudagraphDispatcher(full_cfg)
+    dispatcher.initialize_cudagraph_keys(CUDAGraphMode.FULL_DECODE_ONLY, 1)
+    torch.manual_seed(0)
+    inner = TinyModel()
+    model = wrap_whole_model(inner, full_cfg, "ascend_kernel_plugins.graph.static_wrapper.StaticShapeWrapper")
+    assert isinstance(model, StaticShapeWrapper) and model.unwrap() is inner and model.proj is inner.proj
+    model.book = CaptureBook(backend="aot_eager")
+    ids, pos = torch.randint(0, 8, (16,)), torch.arange(16, dtype=torch.float32)
+    set_cudagraph_capturing_enabled(True)
+    try:
+        for _, descriptors in dispatcher.get_capture_descs():
+            for d in descriptors:
+                full_pass(full_cfg, dispatcher, model, ids, pos, d.num_tokens)
+    finally:
+        set_cudagraph_capturing_enabled(False)
+    assert model.book.captured_sizes == {1, 2, 4} and inner.scale == 2.0
+
+    ids[:4] = torch.tensor([1, 2, 3, 4])  # the step's inputs written in place
+    out, mode = full_pass(full_cfg, dispatcher, model, ids, pos, 3)  # a uniform decode batch of 3, padded to 4
+    assert mode == CUDAGraphMode.FULL and model.book.replays == {4: 1}
+    torch.testing.assert_close(out, inner.proj(torch.nn.functional.one_hot(ids[:4], 8).float()) * 2.0 + pos[:4, None])
+
+    moved = pos.clone()  # rebound instead of written in place
+    with pytest.raises(MovedInputError, match="keyword positions moved since capture"):
+        full_pass(full_cfg, dispatcher, model, ids, moved, 2)
+
+    inner.scale = 3.0  # Python state the trace baked in: replaying would silently use the old value
+    with pytest.raises(RuntimeError, match="fail_on_recompile"):
+        full_pass(full_cfg, dispatcher, model, ids, pos, 2)

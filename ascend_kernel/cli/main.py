@@ -155,8 +155,11 @@ def _graph_request(args: argparse.Namespace, extra: dict[str, Any], kernel: bool
     a capturing mode then refuses it, naming the setting).
     """
     mode, sizes = getattr(args, "graph_mode", None), getattr(args, "capture_sizes", None)
+    capture_mode = getattr(args, "graph_capture_mode", None)
     if sizes is not None and mode in (None, "eager"):
         raise UsageError("--capture-sizes needs --graph-mode with a mode that captures (e.g. cpu-graph)")
+    if capture_mode is not None and mode in (None, "eager"):
+        raise UsageError("--graph-capture-mode needs --graph-mode with a mode that captures (e.g. cpu-graph)")
     if mode is None:
         return True
     if not kernel:
@@ -166,6 +169,8 @@ def _graph_request(args: argparse.Namespace, extra: dict[str, Any], kernel: bool
     section["graph_mode"] = mode
     if sizes is not None:
         section["graph_capture_sizes"] = list(sizes)
+    if capture_mode is not None:
+        section["graph_capture_mode"] = capture_mode
     return mode == "eager"
 
 
@@ -419,6 +424,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    "a capturing mode turns enforce_eager off")
     p.add_argument("--capture-sizes", metavar="1,2,4,8", type=_capture_sizes,
                    help="batch sizes (tokens) the graph mode captures; larger batches run eagerly")
+    p.add_argument("--graph-capture-mode", choices=("piecewise", "full_decode_only"),
+                   help="what the graph mode captures: pieces between attention calls (every batch up to the "
+                   "largest size), or whole uniform decode batches with attention inside (prefills run eagerly)")
     p.add_argument("--engine-arg", action="append", metavar="KEY=VALUE", type=_engine_pair,
                    help="any other vLLM engine argument (value parsed as JSON when possible, checked against "
                    "vLLM's type for KEY before the engine starts); repeatable")

@@ -290,6 +290,19 @@ class KernelRunnerMixin:
         )
         return caches
 
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """vLLM's loading, then the graph mode's wrapping of the whole model (full-graph capture), if it has one."""
+        super().load_model(*args, **kwargs)  # type: ignore[misc]
+        wrap_model = getattr(self.kernel_plan.graph, "wrap_model", None)
+        if wrap_model is not None:
+            self.model = wrap_model(self.model, self.vllm_config)
+
+    def get_model(self) -> Any:
+        """The loaded model itself, never a graph wrapper around it (vLLM's runner unwraps only its own)."""
+        model = super().get_model()  # type: ignore[misc]
+        unwrap = getattr(type(model), "unwrap", None)
+        return model.unwrap() if callable(unwrap) else model
+
     def capture_model(self) -> int:
         return self.kernel_plan.graph.capture(self, super().capture_model)  # type: ignore[misc]
 

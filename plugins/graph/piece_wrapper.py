@@ -31,21 +31,35 @@ class MovedInputError(RuntimeError):
     """A replay got a tensor input at another address than at capture."""
 
 
-def input_addresses(args: tuple[Any, ...]) -> list[tuple[int, int]]:
-    """(position, data_ptr) of every tensor input, as a captured graph reads them."""
-    return [(i, a.data_ptr()) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+def input_addresses(args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> list[tuple[int | str, int]]:
+    """(position or keyword, data_ptr) of every tensor input, as a captured graph reads them.
+
+    vLLM calls a piece positionally and the whole model by keyword
+    (``input_ids=``, ``positions=``, ...): both are recorded.
+    """
+    found: list[tuple[int | str, int]] = [(i, a.data_ptr()) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    if kwargs:
+        found.extend((k, v.data_ptr()) for k, v in kwargs.items() if isinstance(v, torch.Tensor))
+    return found
 
 
-def check_input_addresses(addresses: list[tuple[int, int]], args: tuple[Any, ...], names: list[str] | None,
-                          descriptor: Any) -> None:
+def check_input_addresses(addresses: list[tuple[int | str, int]], args: tuple[Any, ...], names: list[str] | None,
+                          descriptor: Any, kwargs: dict[str, Any] | None = None) -> None:
     """Raise :class:`MovedInputError` naming the first tensor input not at its captured address."""
-    for index, captured in addresses:
-        now = args[index].data_ptr()
+    for key, captured in addresses:
+        if isinstance(key, str):
+            value = (kwargs or {}).get(key)
+            name, where = key, f"keyword {key}"
+        else:
+            value = args[key] if key < len(args) else None
+            name = names[key] if names is not None and key < len(names) else "?"
+            where = f"{key} ({name})"
+        now = value.data_ptr() if isinstance(value, torch.Tensor) else None
         if now != captured:
-            name = names[index] if names is not None and index < len(names) else "?"
+            at = f"now at {now:#x}" if now is not None else "now missing"
             raise MovedInputError(
-                f"static graph input {index} ({name}) moved since capture of {descriptor}: "
-                f"captured at {captured:#x}, now at {now:#x}. Captured graphs read their inputs by "
+                f"static graph input {where} moved since capture of {descriptor}: "
+                f"captured at {captured:#x}, {at}. Captured graphs read their inputs by "
                 "address; write per-step inputs into the persistent buffers in place instead of rebinding them.")
 
 

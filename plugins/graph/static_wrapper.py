@@ -89,15 +89,16 @@ class StaticEntry:
 
     __slots__ = ("descriptor", "artifact", "addresses", "outputs", "spec")
 
-    def __init__(self, descriptor: Any, artifact: Callable[..., Any], args: tuple[Any, ...], result: Any) -> None:
+    def __init__(self, descriptor: Any, artifact: Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any], result: Any) -> None:
         self.descriptor = descriptor
         self.artifact = artifact
-        self.addresses = input_addresses(args)
+        self.addresses = input_addresses(args, kwargs)
         flat, self.spec = tree_flatten(result)
         self.outputs = _mirror(flat)
 
-    def check_inputs(self, args: tuple[Any, ...], names: list[str] | None) -> None:
-        check_input_addresses(self.addresses, args, names, self.descriptor)
+    def check_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any], names: list[str] | None) -> None:
+        check_input_addresses(self.addresses, args, names, self.descriptor, kwargs)
 
     def replay(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         flat, _ = tree_flatten(self.artifact(*args, **kwargs))
@@ -138,7 +139,19 @@ def _compile_static(target: Callable[..., Any], args: tuple[Any, ...], kwargs: d
         from torch._inductor import standalone_compile
 
         return standalone_compile(target, list(args), dynamic_shapes="from_example_inputs")
-    return torch.compile(target, backend=backend, dynamic=False)
+    # a whole model (full-graph capture): one Dynamo graph or an error naming the break, never a partial capture
+    return torch.compile(target, backend=backend, dynamic=False, fullgraph=True)
+
+
+def _without_recompiles(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """Replays of a Dynamo-compiled artifact: failing guards (Python state the trace baked in has changed) are
+    an error naming the guard, never a silent recompile at replay time."""
+
+    def replay(*args: Any, **kwargs: Any) -> Any:
+        with torch.compiler.set_stance("fail_on_recompile"):
+            return compiled(*args, **kwargs)
+
+    return replay
 
 
 class StaticShapeWrapper(PieceWrapper):
@@ -164,7 +177,7 @@ class StaticShapeWrapper(PieceWrapper):
             self.book.eager_fallbacks += 1
 
     def _replay(self, entry: StaticEntry, descriptor: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        entry.check_inputs(args, self.input_names)
+        entry.check_inputs(args, kwargs, self.input_names)
         if self.counts:
             self.book.replays[descriptor.num_tokens] += 1
         return entry.replay(args, kwargs)
@@ -178,14 +191,21 @@ class StaticShapeWrapper(PieceWrapper):
         # one artifact per size of the same piece: Dynamo keeps them as entries of one code object
         limits = torch._dynamo.config
         limits.recompile_limit = max(limits.recompile_limit, len(self.entries) + 8)
+        whole_model = not isinstance(self._target, torch.fx.GraphModule)
+        if whole_model:
+            # one plain pass first: layers that initialise themselves on their first call (vLLM's MoE quant
+            # config) must not do it inside the trace, or the artifact's guards would fail on the next replay
+            self.runnable(*args, **kwargs)
         compiled = _compile_static(self._target, args, kwargs, self.book.backend)
         shaped = self._shaped
+        result = shaped(compiled(*args, **kwargs))  # the first call compiles
+        if whole_model:
+            compiled = _without_recompiles(compiled)
 
         def artifact(*a: Any, **kw: Any) -> Any:
             return shaped(compiled(*a, **kw))
 
-        result = artifact(*args, **kwargs)
-        entry = self.entries[descriptor] = StaticEntry(descriptor, artifact, args, result)
+        entry = self.entries[descriptor] = StaticEntry(descriptor, artifact, args, kwargs, result)
         book = self.book
         book.compile_s += time.perf_counter() - started
         book.artifacts += 1

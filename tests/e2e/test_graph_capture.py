@@ -113,3 +113,121 @@ def test_ngram_speculation_between_captured_pieces(tiny_llama):
     trace = run["report"]["trace"]
     assert trace["rejection_sampler_calls"] > 0 and trace["drafter_calls"] > 0
     assert sum(run["report"]["graph"]["replays"].values()) > 0
+
+
+# -- full_decode_only: uniform decode batches replay the whole model, attention inside -------------------
+
+FULL = ("--graph-mode", "cpu-graph", "--graph-capture-mode", "full_decode_only")
+
+
+def ascend_env(**extra: str) -> dict[str, str]:
+    return clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_ATTENTION_BACKEND="ascend", **extra)
+
+
+@pytest.fixture(scope="module")
+def full_decode_run(tiny_llama):
+    return generate(tiny_llama, *FULL, "--capture-sizes", "1,2,4", env=ascend_env(), max_tokens=MAX_TOKENS)
+
+
+def test_full_decode_only_tokens_equal_transformers_and_replay_whole_model(full_decode_run, tiny_llama):
+    oracle = hf_greedy(tiny_llama, [o["prompt_token_ids"] for o in full_decode_run["outputs"]], MAX_TOKENS)
+    assert_same_tokens(tiny_llama, full_decode_run, oracle)
+    graph = full_decode_run["report"]["graph"]
+    assert graph["mode"] == "cpu-graph" and graph["capture_mode"] == "full_decode_only"
+    # one artifact per size (the whole model), not one per piece and size
+    assert graph["captured_sizes"] == [1, 2, 4] and graph["artifacts"] == 3
+    # three requests decode as a uniform batch of 3, padded to 4; the prefill (a mixed batch) runs eagerly
+    assert graph["replays"] == {"4": MAX_TOKENS - 1} and graph["eager_fallbacks"] == 1
+    assert "full_decode_only" in graph["why"]
+    changes = {c["path"]: c for c in full_decode_run["report"]["config_changes"] if c["plugin"] == "graph"}
+    assert "FULL_DECODE_ONLY" in changes["compilation_config.cudagraph_mode"]["new"]
+    assert "NONE" in changes["compilation_config.mode"]["new"]  # no piecewise compilation under it
+
+
+def test_full_decode_only_refuses_vllms_cpu_attention(tiny_llama):
+    """vLLM's CPU attention declares no full-graph support: vLLM would silently run every batch eagerly."""
+    from tests.e2e.conftest import run_cli
+
+    done = run_cli(["generate", "--model", str(tiny_llama), *FULL, "--prompt", "hi", "--max-tokens", "2"],
+                   env=clean_env(ASCEND_KERNEL_DEVICE="cpu"), expect_rc=2)
+    text = " ".join(done.stderr.split())
+    assert "graph_capture_mode=full_decode_only" in text and "ASCEND_KERNEL_ATTENTION_BACKEND=ascend" in text
+    assert "cpu-graph" in text
+
+
+def test_full_decode_only_moe(tmp_path_factory):
+    """Qwen2-MoE: the routed experts are one opaque op inside the whole-model artifact."""
+    from ascend_kernel.models import create_tiny_model
+
+    model = create_tiny_model("qwen2_moe", tmp_path_factory.mktemp("graph_full_moe") / "qwen2_moe")
+    run = generate(model, *FULL, "--capture-sizes", "4", env=ascend_env(), max_tokens=MAX_TOKENS)
+    oracle = hf_greedy(model, [o["prompt_token_ids"] for o in run["outputs"]], MAX_TOKENS)
+    assert_same_tokens(model, run, oracle)
+    assert run["report"]["graph"]["replays"] == {"4": MAX_TOKENS - 1}
+    assert run["report"]["trace"]["moe_methods"] == {"naive_multicast": 1, "allgather": MAX_TOKENS - 1}
+
+
+def test_full_decode_only_speculation_replays_verification_batches(tiny_llama, tmp_path):
+    """A drafter that always proposes 2 tokens (transformers' own continuation, from tests/thirdparty) makes every
+    verification batch uniform (3 tokens per request): those batches replay the whole model."""
+    import json
+
+    from tests.e2e.conftest import REPO
+
+    prompts = ["The capital of France is", "Once upon a time, there was a little"]
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
+    continuations = hf_greedy(tiny_llama, prompt_ids, MAX_TOKENS)
+    path = tmp_path / "oracle.json"
+    path.write_text(json.dumps([{"prompt_token_ids": p, "token_ids": c} for p, c in zip(prompt_ids, continuations)]))
+    spec = json.dumps({"method": "custom_class", "model": "ak_drafter_plugin.OracleProposer",
+                       "num_speculative_tokens": 2})
+    run = generate(tiny_llama, *FULL, "--capture-sizes", "3,6", "--speculative-config", spec, prompts=prompts,
+                   env=ascend_env(PYTHONPATH=str(REPO / "tests" / "thirdparty"), AK_DRAFTER_ORACLE=str(path)),
+                   max_tokens=MAX_TOKENS)
+    assert_same_tokens(tiny_llama, run, continuations)
+    assert run["spec_decode"]["num_accepted_tokens"] == run["spec_decode"]["num_draft_tokens"] > 0
+    graph = run["report"]["graph"]
+    assert graph["captured_sizes"] == [3, 6] and graph["replays"].get("6", 0) > 0, graph
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known bug, not yet localised: the tiny DeepSeek-V3 (MTP) model compiled whole by inductor gives other greedy "
+    "tokens than eager from the third token on (so does vLLM's default compilation with the kernel); Dynamo with "
+    "the eager backend, piecewise cpu-graph and DeepSeek-V2 are exact. See the README's graph-capture section."))
+def test_full_decode_only_mtp_on_mla(tmp_path_factory):
+    """DeepSeek's MTP layer drafts one token; every verification batch (2 tokens per request, the Ascend MLA
+    backend) replays the whole model, the MoE layers' routed experts included."""
+    import json
+
+    from ascend_kernel.models import create_tiny_model
+
+    model = create_tiny_model("deepseek_mtp", tmp_path_factory.mktemp("graph_full_mtp") / "deepseek_mtp")
+    spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
+    run = generate(model, *FULL, "--capture-sizes", "2,4", "--speculative-config", spec, env=ascend_env(),
+                   max_tokens=MAX_TOKENS, prompts=["The capital of France is", "Once upon a time"])
+    oracle = hf_greedy(model, [o["prompt_token_ids"] for o in run["outputs"]], MAX_TOKENS)
+    assert_same_tokens(model, run, oracle)
+    assert run["spec_decode"]["num_draft_tokens"] > 0
+    graph = run["report"]["graph"]
+    assert graph["captured_sizes"] == [2, 4] and graph["replays"] == {"4": MAX_TOKENS - 1}, graph
+
+
+def test_full_decode_only_mla_moe_at_tp2_with_expert_parallel(tmp_path_factory):
+    """DeepSeek-V2 at TP=2 with expert parallelism: both ranks replay whole-model artifacts whose routed-experts
+    op runs the comm methods' gloo collectives."""
+    from ascend_kernel.models import create_tiny_model
+
+    model = create_tiny_model("deepseek_v2", tmp_path_factory.mktemp("graph_full_ep") / "deepseek_v2")
+    run = generate(model, *FULL, "--capture-sizes", "1,2,4",
+                   "--engine-arg", "tensor_parallel_size=2", "--engine-arg", "enable_expert_parallel=True",
+                   env=ascend_env(VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_OMP_THREADS_BIND="0|1"),
+                   max_tokens=MAX_TOKENS)
+    oracle = hf_greedy(model, [o["prompt_token_ids"] for o in run["outputs"]], MAX_TOKENS)
+    assert_same_tokens(model, run, oracle)
+    graph = run["report"]["graph"]
+    assert graph["capture_mode"] == "full_decode_only" and graph["replays"].get("4", 0) > 0, graph
+    for rank in run["report"]["ranks"]:
+        assert all(n > 0 for n in rank["trace"]["moe_tokens"].values()), rank["trace"]

@@ -50,6 +50,7 @@ from ascend_kernel import kernel as kernel_mod
 from ascend_kernel.ops import get_ops
 from ascend_kernel.runner.kernel_runner import current_attn_state
 from ascend_kernel.step import StepBatch
+from ascend_kernel_plugins.attention.ascend.graph_support import full_graph_support
 from ascend_kernel_plugins.attention.states import AttentionState
 from ascend_kernel_plugins.kv_cache.int8_bsh import INT8_KV_CACHE_DTYPE, Int8BSHCaches, bsh_parts, bsh_spec
 
@@ -110,6 +111,10 @@ class AscendMetadata:
 
 class AscendMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config: Any, kv_cache_spec: Any) -> AttentionCGSupport:
+        return full_graph_support(cls._cudagraph_support)
 
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)

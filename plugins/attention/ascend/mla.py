@@ -22,8 +22,9 @@ from vllm.model_executor.layers.attention.mla_attention import (
     MLACommonBackend,
     MLACommonImpl,
     MLACommonMetadata,
+    MLACommonMetadataBuilder,
 )
-from vllm.v1.attention.backend import AttentionType, MultipleOf
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionType, MultipleOf
 from vllm.v1.attention.backends.mla.prefill.base import MLAPrefillBackend
 
 from ascend_kernel import kernel as kernel_mod
@@ -46,6 +47,31 @@ class AscendMLABackend(MLACommonBackend):
     @staticmethod
     def get_impl_cls() -> type["AscendMLAImpl"]:
         return AscendMLAImpl
+
+    @staticmethod
+    def get_builder_cls() -> type["AscendMLAMetadataBuilder"]:
+        return AscendMLAMetadataBuilder
+
+
+class AscendMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
+    """vLLM's MLA metadata, with the full-graph support the Ascend MLA decode really has (per device)."""
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config: Any, kv_cache_spec: Any) -> AttentionCGSupport:
+        from ascend_kernel_plugins.attention.ascend.graph_support import full_graph_support
+
+        return full_graph_support(AttentionCGSupport.NEVER)
+
+    def build_for_cudagraph_capture(self, common_attn_metadata: Any) -> MLACommonMetadata:
+        """The capture batch's metadata, whatever its query length.
+
+        vLLM's MLA builder admits only single-token decode batches here, the
+        GPU kernels' limit. This backend decodes one token per request and
+        sends longer uniform queries (speculative decoding's verification)
+        down its prefill path, as it does outside graphs; on a CPU the
+        captured artifact runs attention at every replay, so that is safe.
+        """
+        return self.build(0, common_attn_metadata)
 
 
 class AscendMLAImpl(MLACommonImpl[MLACommonMetadata]):

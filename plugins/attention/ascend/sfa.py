@@ -117,6 +117,12 @@ class AscendSFAMetadata(AttentionMetadata):
 class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
 
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config: Any, kv_cache_spec: Any) -> AttentionCGSupport:
+        from ascend_kernel_plugins.attention.ascend.graph_support import full_graph_support
+
+        return full_graph_support(cls._cudagraph_support)
+
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device,
                  decide_state: Callable[[StepBatch], AttentionState] | None = None) -> None:
         """``decide_state`` defaults to the kernel plan's attention-state policy (as the standard
