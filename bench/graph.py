@@ -2,8 +2,8 @@
 compiled, in one run.
 
 Engines (``--engines``, default all): ``eager`` (the kernel, enforce_eager), ``cpu-graph`` (piecewise),
-``cpu-graph-full`` (full_decode_only; it needs the Ascend attention backend, which on a CPU runs the
-reference ops), ``stock-compiled`` (vLLM-CPU's default compilation, no kernel). Each in its own process (vLLM fixes its platform per process),
+``cpu-graph-full`` (full_decode_only: uniform decode batches replay the whole model, vLLM's CPU
+attention inside as an opaque op), ``stock-compiled`` (vLLM-CPU's default compilation, no kernel). Each in its own process (vLLM fixes its platform per process),
 started one after another so each start-up is timed alone (``startup_s``:
 building ``LLM``, which includes cpu-graph's capture). Then rounds: in every
 round each engine, in an order rotated per round, runs one block per batch
@@ -51,7 +51,7 @@ def _engine(name: str, model: str, sizes: list[int]) -> Any:
     if name.startswith("cpu-graph"):
         section = {"graph_mode": "cpu-graph", "graph_capture_sizes": sizes}
         if name == "cpu-graph-full":
-            section.update(graph_capture_mode="full_decode_only", attention_backend="ascend")
+            section.update(graph_capture_mode="full_decode_only")
         extra["additional_config"] = {"ascend_kernel": section}
     request = engine.EngineRequest(model=model, kernel=kernel, enforce_eager=name == "eager", extra=extra)
     return engine.build_llm(request)

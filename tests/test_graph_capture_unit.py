@@ -266,10 +266,10 @@ def test_cpu_graph_refuses_mla_on_vllms_cpu_mla_backend():
     assert refusal is not None and "ASCEND_KERNEL_ATTENTION_BACKEND=ascend" in refusal
     assert cpu_graph_supported(ctx(True, "ascend")) is None
     assert cpu_graph_supported(ctx(False, "auto")) is None
-    # full_decode_only: vLLM's CPU attention declares no full-graph support, the Ascend backend does
-    refusal = cpu_graph_supported(ctx(False, "auto", "full_decode_only"))
-    assert refusal is not None and "graph_capture_mode=full_decode_only" in refusal and "piecewise" in refusal
+    # full_decode_only: both backends (vLLM's CPU attention through the kernel's full-graph subclass)
+    assert cpu_graph_supported(ctx(False, "auto", "full_decode_only")) is None
     assert cpu_graph_supported(ctx(False, "ascend", "full_decode_only")) is None
+    assert cpu_graph_supported(ctx(True, "auto", "full_decode_only")) is not None  # vLLM-CPU's MLA still refused
     assert cpu_graph_supported(ctx(True, "ascend", "piecewise")) is None
 
 
@@ -349,6 +349,11 @@ def test_full_decode_only_config_and_whole_model_replays(full_cfg):
     with pytest.raises(MovedInputError, match="keyword positions moved since capture"):
         full_pass(full_cfg, dispatcher, model, ids, moved, 2)
 
-    inner.scale = 3.0  # Python state the trace baked in: replaying would silently use the old value
-    with pytest.raises(RuntimeError, match="fail_on_recompile"):
-        full_pass(full_cfg, dispatcher, model, ids, pos, 2)
+    def no_python(*args, **kwargs):
+        raise AssertionError("the model's Python ran")
+
+    inner.forward = no_python  # a replay is a call into the artifact, as a device graph's replay would be
+    out, mode = full_pass(full_cfg, dispatcher, model, ids, pos, 4)
+    assert mode == CUDAGraphMode.FULL and model.book.replays == {4: 2}
+    with pytest.raises(AssertionError, match="the model's Python ran"):  # above the largest size: plain run
+        full_pass(full_cfg, dispatcher, model, ids, pos, 5)

@@ -14,13 +14,38 @@ from ascend_kernel_plugins.kv_cache.mla import is_sparse_model
 
 
 class VllmNativeBackendProvider:
-    """Delegates to the base platform's own choice."""
+    """Delegates to the base platform's own choice.
 
-    __slots__ = ()
+    One exception: under cpu-graph's full_decode_only, vLLM's CPU attention
+    is handed out as a subclass that declares full-graph support (see
+    :mod:`~ascend_kernel_plugins.attention.cpu_full_graph`), or vLLM would
+    run every batch eagerly.
+    """
+
+    __slots__ = ("full_graph",)
+
+    def __init__(self, full_graph: bool = False) -> None:
+        self.full_graph = full_graph
+        if full_graph:
+            from ascend_kernel_plugins.attention import cpu_full_graph
+
+            _register(cpu_full_graph.NAME, cpu_full_graph.PATH)
+
+    @classmethod
+    def from_context(cls, ctx: Any) -> "VllmNativeBackendProvider":
+        settings = ctx.settings
+        full = (ctx.device.kind == "cpu" and settings.forced("graph_mode") == "cpu-graph"
+                and settings.graph_capture_mode == "full_decode_only")
+        return cls(full_graph=full)
 
     def backend_class_path(self, selected_backend: Any, selector_config: Any, num_heads: int | None,
                            platform_default: Callable[[], str]) -> str:
-        return platform_default()
+        path = platform_default()
+        if self.full_graph and path.endswith(".cpu_attn.CPUAttentionBackend"):
+            from ascend_kernel_plugins.attention import cpu_full_graph
+
+            return cpu_full_graph.PATH
+        return path
 
 
 def cpu_backend_choice(setting: str, vllm_config: Any) -> str:

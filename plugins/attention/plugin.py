@@ -41,7 +41,7 @@ def ascend_kernel_attention_backends() -> list[Implementation]:
         Implementation(
             family="attention_backend",
             name="vllm-native",
-            factory=lambda ctx: backends.VllmNativeBackendProvider(),
+            factory=backends.VllmNativeBackendProvider.from_context,
             supports=backends.vllm_native_supported,
             priority=10,  # on a host without NPU, vLLM's own kernels are the fast default
             description="the base platform's own backend (CPU attention / CPU MLA on a CPU host)",

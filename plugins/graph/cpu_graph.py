@@ -12,8 +12,9 @@ vLLM's own machinery, in either of vLLM's two capture modes:
   :mod:`~ascend_kernel_plugins.graph.full_graph`) and a uniform decode batch
   replays one artifact with attention inside (as an opaque op); prefills and
   mixed batches run the model eagerly. vLLM only dispatches full graphs to
-  attention backends that declare full-graph decode support, so this needs the
-  Ascend backend (vLLM's CPU attention declares none).
+  attention backends that declare full-graph support: the Ascend backends
+  declare it on a CPU, and the kernel hands out vLLM's CPU attention under a
+  subclass that does (see ``attention/cpu_full_graph.py``).
 
 Either way vLLM's ``CudagraphDispatcher`` pads a batch up to the next captured
 size (and runs eagerly above the largest), and vLLM's ``_capture_cudagraphs``
@@ -132,10 +133,6 @@ def cpu_graph_supported(ctx: Any) -> str | None:
     if not comp.cudagraph_capture_sizes:
         return "no capture sizes are configured"
     model = ctx.vllm_config.model_config
-    if chosen_capture_mode(ctx.settings) == "full_decode_only" and ctx.settings.attention_backend != "ascend":
-        return ("graph_capture_mode=full_decode_only needs an attention backend that declares full-graph decode "
-                "support; vLLM's CPU attention declares none (vLLM would silently run every batch eagerly). Use "
-                "the Ascend backend (ASCEND_KERNEL_ATTENTION_BACKEND=ascend) or graph_capture_mode=piecewise")
     if model is not None and getattr(model, "use_mla", False) and ctx.settings.attention_backend != "ascend":
         # vLLM-CPU's MLA backend writes the padded batch's latents against the real tokens' slots
         return ("vLLM-CPU's MLA backend cannot take a batch padded to a capture size (its KV-cache write "

@@ -133,25 +133,21 @@ def _compile_static(target: Callable[..., Any], args: tuple[Any, ...], kwargs: d
 
     A standalone artifact is called without Dynamo's frame hook and guards (a
     replay is a plain call into generated code); anything that is not an FX
-    graph, or another backend, goes through ``torch.compile(dynamic=False)``.
+    graph, or another backend, goes through ``torch.compile(dynamic=False)``; a
+    whole model is traced once and its graph compiled the same way
+    (:mod:`~ascend_kernel_plugins.graph.whole_model`).
     """
-    if backend == "inductor" and isinstance(target, torch.fx.GraphModule) and not kwargs:
-        from torch._inductor import standalone_compile
+    if isinstance(target, torch.fx.GraphModule) and not kwargs:
+        if backend == "inductor":
+            from torch._inductor import standalone_compile
 
-        return standalone_compile(target, list(args), dynamic_shapes="from_example_inputs")
-    # a whole model (full-graph capture): one Dynamo graph or an error naming the break, never a partial capture
+            return standalone_compile(target, list(args), dynamic_shapes="from_example_inputs")
+        return torch.compile(target, backend=backend, dynamic=False)
+    if isinstance(target, torch.nn.Module):  # the whole model (full_decode_only): its graph, called without Dynamo
+        from ascend_kernel_plugins.graph.whole_model import compile_whole_model
+
+        return compile_whole_model(target, args, kwargs, backend)
     return torch.compile(target, backend=backend, dynamic=False, fullgraph=True)
-
-
-def _without_recompiles(compiled: Callable[..., Any]) -> Callable[..., Any]:
-    """Replays of a Dynamo-compiled artifact: failing guards (Python state the trace baked in has changed) are
-    an error naming the guard, never a silent recompile at replay time."""
-
-    def replay(*args: Any, **kwargs: Any) -> Any:
-        with torch.compiler.set_stance("fail_on_recompile"):
-            return compiled(*args, **kwargs)
-
-    return replay
 
 
 class StaticShapeWrapper(PieceWrapper):
@@ -191,16 +187,13 @@ class StaticShapeWrapper(PieceWrapper):
         # one artifact per size of the same piece: Dynamo keeps them as entries of one code object
         limits = torch._dynamo.config
         limits.recompile_limit = max(limits.recompile_limit, len(self.entries) + 8)
-        whole_model = not isinstance(self._target, torch.fx.GraphModule)
-        if whole_model:
-            # one plain pass first: layers that initialise themselves on their first call (vLLM's MoE quant
-            # config) must not do it inside the trace, or the artifact's guards would fail on the next replay
+        if not isinstance(self._target, torch.fx.GraphModule):
+            # one plain pass first: layers that finish their set-up on their first call (vLLM's MoE quant
+            # config) must do it before the trace, not inside it
             self.runnable(*args, **kwargs)
         compiled = _compile_static(self._target, args, kwargs, self.book.backend)
         shaped = self._shaped
-        result = shaped(compiled(*args, **kwargs))  # the first call compiles
-        if whole_model:
-            compiled = _without_recompiles(compiled)
+        result = shaped(compiled(*args, **kwargs))
 
         def artifact(*a: Any, **kw: Any) -> Any:
             return shaped(compiled(*a, **kw))

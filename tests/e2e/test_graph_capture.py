@@ -126,7 +126,9 @@ def ascend_env(**extra: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def full_decode_run(tiny_llama):
-    return generate(tiny_llama, *FULL, "--capture-sizes", "1,2,4", env=ascend_env(), max_tokens=MAX_TOKENS)
+    """vLLM's CPU attention inside the whole-model artifact (the kernel's full-graph subclass of it)."""
+    return generate(tiny_llama, *FULL, "--capture-sizes", "1,2,4", env=clean_env(ASCEND_KERNEL_DEVICE="cpu"),
+                    max_tokens=MAX_TOKENS)
 
 
 def test_full_decode_only_tokens_equal_transformers_and_replay_whole_model(full_decode_run, tiny_llama):
@@ -142,17 +144,21 @@ def test_full_decode_only_tokens_equal_transformers_and_replay_whole_model(full_
     changes = {c["path"]: c for c in full_decode_run["report"]["config_changes"] if c["plugin"] == "graph"}
     assert "FULL_DECODE_ONLY" in changes["compilation_config.cudagraph_mode"]["new"]
     assert "NONE" in changes["compilation_config.mode"]["new"]  # no piecewise compilation under it
+    # vLLM's CPU attention, which vLLM alone would never put in a full graph
+    (decision,) = [d for d in full_decode_run["report"]["decisions"] if d["family"] == "attention_backend"]
+    assert decision["chosen"] == "vllm-native"
 
 
-def test_full_decode_only_refuses_vllms_cpu_attention(tiny_llama):
-    """vLLM's CPU attention declares no full-graph support: vLLM would silently run every batch eagerly."""
+def test_bad_graph_capture_input_is_one_clear_error(tiny_llama):
     from tests.e2e.conftest import run_cli
 
-    done = run_cli(["generate", "--model", str(tiny_llama), *FULL, "--prompt", "hi", "--max-tokens", "2"],
-                   env=clean_env(ASCEND_KERNEL_DEVICE="cpu"), expect_rc=2)
+    done = run_cli(["generate", "--model", str(tiny_llama), "--graph-capture-mode", "full_decode_only",
+                    "--prompt", "hi"], expect_rc=2)
+    assert "--graph-capture-mode needs --graph-mode" in done.stderr
+    done = run_cli(["generate", "--model", str(tiny_llama), "--graph-mode", "cpu-graph", "--prompt", "hi"],
+                   env=clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_GRAPH_CAPTURE_MODE="full"), expect_rc=2)
     text = " ".join(done.stderr.split())
-    assert "graph_capture_mode=full_decode_only" in text and "ASCEND_KERNEL_ATTENTION_BACKEND=ascend" in text
-    assert "cpu-graph" in text
+    assert "ASCEND_KERNEL_GRAPH_CAPTURE_MODE" in text and "full_decode_only" in text and "piecewise" in text
 
 
 def test_full_decode_only_moe(tmp_path_factory):

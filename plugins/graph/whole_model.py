@@ -1,0 +1,137 @@
+"""A whole model as one static artifact called without Dynamo (cpu-graph's full_decode_only).
+
+A piece of vLLM's piecewise backend is already an FX graph; a whole model is a
+Python module. Compiling it with ``torch.compile`` would leave Dynamo in every
+replay: its frame hook and guard checks over every parameter cost a
+noticeable part of a tiny model's decode step. So capture traces the model
+once with Dynamo (``fullgraph``: one graph, or an error naming the break),
+keeps that FX graph, compiles it for this one shape with inductor's standalone
+compile, and works out how to call it from the model's own inputs:
+
+* each graph input is either one of the call's tensors (``input_ids``,
+  ``positions``, ...: fed from the replay's arguments) or a tensor the model
+  holds (a parameter, a buffer, any tensor Dynamo reached from the model
+  object, such as vLLM-CPU's oneDNN weight handles in a closure: bound once,
+  the same object every replay);
+* each tensor of the model's result is one of the graph's outputs.
+
+Anything else (a graph input from outside the model, a result tensor the
+graph does not produce) means the graph cannot be replayed from the model's
+inputs alone, and capture fails naming it. As with a device graph, Python
+state the trace read is baked in: a replay never re-runs the model's Python.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+
+class WholeModelCaptureError(RuntimeError):
+    """The traced graph cannot be replayed from the model's inputs and its own tensors."""
+
+
+class _Bound:
+    """A non-tensor graph input bound at capture."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class _GraphCatcher:
+    """A Dynamo backend that keeps the graph and its inputs, and runs it eagerly for the tracing call."""
+
+    def __init__(self) -> None:
+        self.graphs: list[tuple[torch.fx.GraphModule, list[Any]]] = []
+        self.outputs: Any = None
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        self.graphs.append((gm, list(example_inputs)))
+
+        def run(*inputs: Any) -> Any:
+            self.outputs = gm(*inputs)
+            return self.outputs
+
+        return run
+
+
+def _owned_tensors(model: torch.nn.Module) -> set[int]:
+    """ids of every tensor the model owns: parameters, buffers and tensor attributes of its submodules."""
+    owned = {id(t) for t in itertools.chain(model.parameters(), model.buffers())}
+    for module in model.modules():
+        owned.update(id(v) for v in vars(module).values() if isinstance(v, torch.Tensor))
+    return owned
+
+
+def _reached_from_model(node: torch.fx.Node) -> bool:
+    """Dynamo found this input through the model object (an attribute chain from ``self``, closures included)."""
+    grapharg = node.meta.get("grapharg")
+    source = getattr(grapharg, "source", None)
+    if source is not None:
+        return source.name().startswith("L['self']")
+    return node.name.startswith("l_self_")
+
+
+def _call_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    return [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+
+
+def compile_whole_model(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                        backend: str) -> Callable[..., Any]:
+    """Trace ``model`` at these inputs, compile the graph for their shapes, return ``replay(*args, **kwargs)``."""
+    catcher = _GraphCatcher()
+    torch._dynamo.reset_code(type(model).forward.__code__)  # a fresh trace for this shape, not a cached entry
+    result = torch.compile(model, backend=catcher, dynamic=False, fullgraph=True)(*args, **kwargs)
+    if len(catcher.graphs) != 1:
+        raise WholeModelCaptureError(f"tracing {type(model).__name__} gave {len(catcher.graphs)} graphs, not one")
+    gm, inputs = catcher.graphs[0]
+    call_tensors = _call_tensors(args, kwargs)
+    owned = _owned_tensors(model)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    slots: list[int | torch.Tensor | _Bound] = []  # int: the call's tensor at that position; else bound once
+    for i, x in enumerate(inputs):
+        position = next((k for k, t in enumerate(call_tensors) if t is x), None)
+        if position is not None:
+            slots.append(position)
+        elif isinstance(x, torch.Tensor) and (id(x) in owned or _reached_from_model(placeholders[i])):
+            slots.append(x)
+        elif not isinstance(x, (torch.Tensor, torch.SymInt, int, float)):
+            slots.append(_Bound(x))  # an opaque object the trace made (vLLM's layer-name objects): a constant
+        else:
+            name = placeholders[i].name
+            raise WholeModelCaptureError(
+                f"graph input {i} ({name}) is neither an input of the model's call nor a tensor the model owns "
+                f"({type(x).__name__}); a replay could not supply it")
+    produced = list(catcher.outputs) if isinstance(catcher.outputs, (tuple, list)) else [catcher.outputs]
+    flat, spec = tree_flatten(result)
+    picks: list[int | Any] = []  # int: the graph's output at that index; else a constant of the result
+    for j, value in enumerate(flat):
+        if isinstance(value, torch.Tensor):
+            index = next((k for k, t in enumerate(produced) if t is value), None)
+            if index is None:
+                raise WholeModelCaptureError(f"result tensor {j} of {type(model).__name__} is not a graph output")
+            picks.append(index)
+        else:
+            picks.append(("constant", value))
+    if backend == "inductor":
+        from torch._inductor import standalone_compile
+
+        compiled = standalone_compile(gm, inputs, dynamic_shapes="from_example_inputs")
+    else:
+        compiled = torch.compile(gm, backend=backend, dynamic=False)
+    n_call = len(call_tensors)
+
+    def replay(*call_args: Any, **call_kwargs: Any) -> Any:
+        tensors = _call_tensors(call_args, call_kwargs)
+        if len(tensors) != n_call:
+            raise WholeModelCaptureError(f"captured with {n_call} tensor inputs, replayed with {len(tensors)}")
+        outs = compiled(*[tensors[s] if isinstance(s, int) else s.value if isinstance(s, _Bound) else s
+                          for s in slots])
+        return tree_unflatten([outs[p] if isinstance(p, int) else p[1] for p in picks], spec)
+
+    return replay
