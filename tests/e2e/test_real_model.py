@@ -131,3 +131,14 @@ def test_real_model_command_is_instant_once_prepared(real_model):
     assert json.loads(proc.stdout)["path"] == str(real_model)
     assert time.monotonic() - start < 30  # a Python start-up and a marker read, no conversion
     assert "Converting" not in proc.stderr
+
+
+def test_real_model_under_full_decode_graphs(real_model):
+    """cpu-graph full_decode_only: every decode step of the two requests replays one whole-model artifact."""
+    run = generate(real_model, "--graph-mode", "cpu-graph", "--graph-capture-mode", "full_decode_only",
+                   "--capture-sizes", "2", "--chat", CAPITAL_CHAT, env=BACKENDS["vllm-native"],
+                   max_tokens=MAX_TOKENS, prompts=[CAPITAL])
+    oracle = hf_greedy(real_model, [o["prompt_token_ids"] for o in run["outputs"]], MAX_TOKENS)
+    assert_same_tokens(real_model, run, oracle)
+    assert run["report"]["graph"]["replays"] == {"2": MAX_TOKENS - 1}
+    assert all("Paris" in o["text"] for o in run["outputs"])
