@@ -1,6 +1,7 @@
 """Fail a server's open requests when an engine on another host dies (vLLM 0.32 would wait forever).
 
-Measured on this host before this module (two-node DP on loopback, the
+Measured on this host without this watch (the scenario of the fault test in
+``tests/e2e/test_data_parallel.py``: two-node DP on loopback, the
 ``--headless`` node SIGKILLed while 8 streamed requests ran): the 4 requests
 on the killed engine stayed open until the client gave up after 300 s,
 ``/health`` answered 200 throughout, and the server ran on.
