@@ -142,6 +142,12 @@ class KernelSettings(BaseSettings):
         ge=1,
         description="Alignment of every KV tensor when a KV-transfer (PD) config is present (llmdatadist needs 2 MiB).",
     )
+    engine_liveness_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Serving with engines on other hosts (--headless): an engine that does not answer a liveness "
+        "question within this many seconds is taken as dead, and the server fails its requests.",
+    )
 
     @field_validator("plugins", mode="before")
     @classmethod

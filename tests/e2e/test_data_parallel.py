@@ -16,6 +16,9 @@ Scenarios, one deployment each (tiny Llama, float32, eager, 4 concurrent prompts
   through vLLM's DP handshake at ADDRESS:P, as on two machines. With internal
   load balancing (the default) the API node's engine client manages both ranks,
   so its report reaches the headless node's worker too;
+* the same two nodes, the headless one then killed mid-load: the API node
+  fails the open requests within a bound and exits; a fresh pair serves
+  again (``faults.py``; the kernel's liveness watch makes it so);
 * tensor parallelism over two "nodes" (``-tp 2 --nnodes 2 --node-rank 0|1``,
   node 1 ``--headless``): vLLM's MP executor on node 0 drives node 1's worker,
   and the report lists both TP ranks.
@@ -33,12 +36,14 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
 from ascend_kernel.cli.serving import REPORT_PATH, LocalServer, free_port
+from tests.e2e import faults
 from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, REPO, clean_env, hf_greedy
 
 pytestmark = pytest.mark.e2e
@@ -172,17 +177,22 @@ def running(api: LocalServer, headless: HeadlessNode, what: str, headless_stop_s
         headless.stop(timeout_s=headless_stop_s)
 
 
+def two_node_deployment(model: Path, logs: Path) -> tuple[LocalServer, HeadlessNode]:
+    """API node (DP rank 0) and ``--headless`` node (DP rank 1), not started; a 10 s engine-liveness timeout."""
+    dp = ["--data-parallel-size", "2", "--data-parallel-size-local", "1",
+          "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(free_port())]
+    liveness = {"ASCEND_KERNEL_ENGINE_LIVENESS_TIMEOUT_S": str(faults.LIVENESS_TIMEOUT_S)}
+    headless = HeadlessNode([*CLI, "serve", str(model), *SERVE_ARGS, *dp, "--headless",
+                             "--data-parallel-start-rank", "1"], {**server_env("1"), **liveness}, logs / "node1.log")
+    api = LocalServer([*CLI, "serve", str(model), *SERVE_ARGS, *dp, "--api-server-count", "1"],
+                      {**server_env("0"), **liveness}, logs / "node0.log", api_key=API_KEY)
+    return api, headless
+
+
 @pytest.fixture(scope="module")
 def two_nodes(tiny_llama, tmp_path_factory) -> Any:
-    logs = tmp_path_factory.mktemp("dp-nodes")
-    rpc_port = free_port()
-    dp = ["--data-parallel-size", "2", "--data-parallel-size-local", "1",
-          "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(rpc_port)]
-    headless = HeadlessNode([*CLI, "serve", str(tiny_llama), *SERVE_ARGS, *dp, "--headless",
-                             "--data-parallel-start-rank", "1"], server_env("1"), logs / "node1.log")
-    api = LocalServer([*CLI, "serve", str(tiny_llama), *SERVE_ARGS, *dp, "--api-server-count", "1"],
-                      server_env("0"), logs / "node0.log", api_key=API_KEY)
-    with running(api, headless, "headless node"):
+    api, headless = two_node_deployment(tiny_llama, tmp_path_factory.mktemp("dp-nodes"))
+    with running(api, headless, "headless node", headless_stop_s=2):
         yield api, headless
 
 
@@ -196,6 +206,47 @@ def test_two_nodes_on_loopback_answer_like_transformers_and_api_node_reports_bot
     assert "EngineCore_DP1" in node_log and "EngineCore_DP0" not in node_log
     assert node_log.count("ascend-kernel is active: device cpu") == 1, node_log[-3000:]
     assert headless.process.poll() is None
+
+
+def test_killed_headless_node_fails_open_requests_within_bound_and_a_restart_serves(two_nodes, tiny_llama,
+                                                                                    tmp_path, capsys):
+    """Runs after the test above, on the same deployment (it kills the headless node: keep it last here)."""
+    api, headless = two_nodes
+    server_process = api.process
+    assert faults.health(api) == 200
+    killed_at, outcomes = asyncio.run(faults.kill_mid_load(api, headless, str(tiny_llama), API_KEY))
+    ended = max(t for _, _, t in outcomes) - killed_at
+    failed = [detail for kind, detail, _ in outcomes if kind == "error"]
+    # the killed engine's requests fail with vLLM's dead-engine error (not the client's timeout), in time
+    assert failed and all("EngineCore encountered an issue" in d for d in failed), outcomes
+    assert ended < faults.BOUND_S, outcomes
+    # /health never says 200 again, and the API node exits (its engine with it)
+    answers = []
+    while server_process.poll() is None and time.monotonic() - killed_at < faults.BOUND_S:
+        answers.append(faults.health(api))
+        time.sleep(0.25)
+    exited = time.monotonic() - killed_at
+    assert server_process.poll() is not None, f"the API node still runs {exited:.0f} s after the kill"
+    assert 200 not in answers and set(answers) <= {503, "refused"}, answers
+    assert f"did not answer within {faults.LIVENESS_TIMEOUT_S} s" in api.log_text(), api.log_text()[-3000:]
+    deadline = time.monotonic() + 30  # nothing of the old API node runs on (engine core DP0 included)
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(server_process.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail("processes of the failed API node still run")
+    gone = time.monotonic() - killed_at
+    with capsys.disabled():
+        print(f"\n[fault bound] {len(failed)}/8 requests failed; all ended {ended:.1f} s after the kill; API node "
+              f"exited after {exited:.1f} s, its processes gone after {gone:.1f} s; /health: {sorted(map(str, set(answers)))}")
+    # a restart (both nodes, fresh) serves again
+    api, headless = two_node_deployment(tiny_llama, tmp_path)
+    with running(api, headless, "restarted headless node", headless_stop_s=2):
+        check_answers(api, tiny_llama)
+        check_report_has_both_ranks(api)
 
 
 # -- tensor parallelism across two "nodes" (vLLM's --nnodes/--node-rank, MP executor) ------------------------

@@ -1,0 +1,65 @@
+"""Helpers of the fault test in ``test_data_parallel.py``: a mid-load kill of the ``--headless`` DP node.
+
+Eight streamed greedy requests run on both engines; once every stream has
+produced a token, the headless node's process group is SIGKILLed (as a host
+that loses power: its engine sends nothing). Without the kernel's liveness
+watch (``ascend_kernel/cli/liveness.py``) vLLM 0.32 kept the killed engine's
+requests open until the client's 300 s timeout, with ``/health`` at 200.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from ascend_kernel.cli.serving import LocalServer
+
+#: from the kill to every open request answered, and to the API node's exit: the liveness timeout, one probe
+#: interval, vLLM's 5 s server watchdog, and room for a loaded 2-core host
+BOUND_S = 60.0
+LIVENESS_TIMEOUT_S = 10
+LONG_TOKENS = 400  # long enough that every request is still streaming when the node is killed
+
+
+def health(server: LocalServer) -> int | str:
+    try:
+        with urllib.request.urlopen(f"{server.base_url}/health", timeout=5) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return "refused"
+
+
+async def stream(api: Any, model: str, prompt: str, started: asyncio.Semaphore) -> tuple[str, str, float]:
+    """One streamed request: ("ok" | "error", detail, when it ended)."""
+    try:
+        chunks = 0
+        answer = await api.completions.create(model=model, prompt=prompt, max_tokens=LONG_TOKENS, temperature=0.0,
+                                              stream=True, extra_body={"ignore_eos": True})
+        async for _ in answer:
+            chunks += 1
+            if chunks == 1:
+                started.release()
+        return "ok", f"{chunks} chunks", time.monotonic()
+    except Exception as exc:  # noqa: BLE001 - the outcome under test
+        return "error", f"{type(exc).__name__}: {exc}", time.monotonic()
+
+
+async def kill_mid_load(api_node: LocalServer, headless: Any, model: str, api_key: str) -> tuple[float, list]:
+    from openai import AsyncOpenAI
+
+    async with AsyncOpenAI(base_url=f"{api_node.base_url}/v1", api_key=api_key, max_retries=0,
+                           timeout=300) as api:
+        started = asyncio.Semaphore(0)
+        tasks = [asyncio.create_task(stream(api, model, f"Request {i} starts with", started)) for i in range(8)]
+        for _ in tasks:
+            await asyncio.wait_for(started.acquire(), timeout=120)
+        killed_at = time.monotonic()
+        os.killpg(headless.process.pid, signal.SIGKILL)
+        return killed_at, await asyncio.gather(*tasks)

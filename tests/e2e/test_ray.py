@@ -1,0 +1,178 @@
+"""vLLM's Ray executor on the kernel's CPU platform: TP=2 over a two-node Ray cluster on loopback.
+
+One cluster for the module: ``ray start --head --num-cpus 1`` and a second
+``ray start --address HEAD --num-cpus 1``, each in its own process group,
+temp dir and ports, each node binding its worker to its own core
+(``VLLM_CPU_OMP_THREADS_BIND``, which vLLM's workers keep from their node's
+environment). The kernel's CPU platform asks for one Ray ``CPU`` per worker
+(``ray_device_key``), so a TP=2 placement group has to take one bundle on
+each node: the workers run on both "nodes", as on two machines. Why the
+platform also swaps in its own executor subclass:
+``ascend_kernel/platform/ray_executor.py`` (and ``tests/test_ray_cpu.py``).
+
+Both scenarios answer equal to transformers' greedy tokens, and both TP ranks
+report. Token authentication is off (``RAY_AUTH_MODE=disabled``) because
+every process is on this host; a real cluster should keep Ray's default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from ascend_kernel.cli.serving import REPORT_PATH, LocalServer, free_port
+from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, REPO, clean_env, generate, hf_greedy, tokens
+
+pytestmark = pytest.mark.e2e
+
+RAY = str(Path(sys.executable).with_name("ray"))
+API_KEY = "sk-ascend-kernel-ray"
+MAX_TOKENS = 6
+PROMPTS = ["The capital of France is", "Once upon a time, there was"]
+READY_LINE = "will now block forever"
+
+
+def ray_env(**extra: str) -> dict[str, str]:
+    return clean_env(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", ASCEND_KERNEL_DEVICE="cpu", **extra)
+
+
+class RayNode:
+    """``ray start --block ...`` in its own process group; ready once Ray says it blocks."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        with open(log_path, "wb") as log:
+            self.process = subprocess.Popen([RAY, "start", "--block", *args], env=env, cwd=REPO, stdout=log,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=True)
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while READY_LINE not in self.log_path.read_text(errors="replace"):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ray start did not come up:\n{self.log_path.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        """SIGTERM lets ``ray start --block`` stop its raylet (and its workers); then SIGKILL the group."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.process.wait()
+
+
+def node_ports() -> list[str]:
+    """Every port a node opens, chosen free, so two nodes (and other Ray users) on this host never collide."""
+    names = ["--node-manager-port", "--object-manager-port", "--runtime-env-agent-port",
+             "--dashboard-agent-grpc-port", "--dashboard-agent-listen-port", "--metrics-export-port"]
+    args = [x for name in names for x in (name, str(free_port()))]
+    low = free_port()
+    return [*args, "--min-worker-port", str(low), "--max-worker-port", str(low + 50)]
+
+
+def kernel_workers(temp_dir: str) -> int:
+    """How many Ray worker log files of one node name the kernel's worker class."""
+    return sum("KernelCpuRayWorkerProc" in p.read_text(errors="replace")
+               for p in Path(temp_dir).glob("session_*/logs/worker-*"))
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory) -> Iterator[dict[str, Any]]:
+    logs = tmp_path_factory.mktemp("ray")
+    # short temp dirs: Ray's unix sockets live there, and socket paths are limited to 107 bytes
+    temp_dirs = [tempfile.mkdtemp(prefix="akray", dir="/tmp") for _ in range(2)]
+    port = free_port()
+    common = ["--num-cpus", "1", "--num-gpus", "0", "--node-ip-address", "127.0.0.1",
+              "--object-store-memory", str(100 * 2**20), "--disable-usage-stats"]
+    nodes = []
+    try:
+        head = RayNode(["--head", "--port", str(port), "--include-dashboard", "false",
+                        "--ray-client-server-port", str(free_port()), "--temp-dir", temp_dirs[0], *common,
+                        *node_ports()], ray_env(VLLM_CPU_OMP_THREADS_BIND="0"), logs / "head.log")
+        nodes.append(head)
+        head.wait_ready()
+        worker = RayNode(["--address", f"127.0.0.1:{port}", "--temp-dir", temp_dirs[1], *common, *node_ports()],
+                         ray_env(VLLM_CPU_OMP_THREADS_BIND="1"), logs / "node1.log")
+        nodes.append(worker)
+        worker.wait_ready()
+        yield {"address": f"127.0.0.1:{port}", "temp_dirs": temp_dirs}
+    finally:
+        for node in reversed(nodes):
+            node.stop()
+        for d in temp_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def check_workers_on_both_nodes(cluster: dict[str, Any], before: list[int]) -> None:
+    """Each node started kernel Ray workers for this run (the TP=2 group spans both; Ray writes several logs each)."""
+    after = [kernel_workers(d) for d in cluster["temp_dirs"]]
+    assert all(a > b for a, b in zip(after, before)), (before, after)
+
+
+def check_tp_ranks(ranks: list[dict[str, Any]]) -> None:
+    assert [(r["dp_rank"], r["rank"]) for r in ranks] == [(0, 0), (0, 1)], ranks
+    assert ranks[0]["trace"] == ranks[1]["trace"]  # TP ranks run every step together
+    assert ranks[1]["trace"]["attention_states"].get("PrefillNoCache", 0) > 0
+
+
+def test_generate_tp2_on_ray_equals_transformers(ray_cluster, tiny_llama):
+    """``generate --engine-arg distributed_executor_backend=ray`` at TP=2 (the engine is the Ray driver)."""
+    env = ray_env(RAY_ADDRESS=ray_cluster["address"])
+    before = [kernel_workers(d) for d in ray_cluster["temp_dirs"]]
+    run = generate(tiny_llama, "--engine-arg", "tensor_parallel_size=2", "--engine-arg",
+                   "distributed_executor_backend=ray", env=env, max_tokens=MAX_TOKENS, prompts=PROMPTS)
+    prompt_ids = [o["prompt_token_ids"] for o in run["outputs"]]
+    assert tokens(run) == hf_greedy(tiny_llama, prompt_ids, MAX_TOKENS)
+    check_tp_ranks(run["report"]["ranks"])
+    check_workers_on_both_nodes(ray_cluster, before)
+
+
+def test_serve_tp2_on_a_two_node_ray_cluster_answers_like_transformers(ray_cluster, tiny_llama, tmp_path):
+    """``ascend-kernel serve --distributed-executor-backend ray -tp 2``: answers, and the report lists both ranks."""
+    from openai import AsyncOpenAI
+
+    args = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "0", "--max-num-seqs", "4",
+            "--api-key", API_KEY, "--distributed-executor-backend", "ray", "--tensor-parallel-size", "2"]
+    server = LocalServer([*CLI, "serve", str(tiny_llama), *args], ray_env(RAY_ADDRESS=ray_cluster["address"]),
+                         tmp_path / "server.log", api_key=API_KEY)
+    before = [kernel_workers(d) for d in ray_cluster["temp_dirs"]]
+    server.start(timeout_s=ENGINE_TIMEOUT_S)
+    try:
+        async def complete_all() -> list[Any]:
+            async with AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0,
+                                   timeout=300) as api:
+                return await asyncio.gather(*(api.completions.create(
+                    model=str(tiny_llama), prompt=p, max_tokens=MAX_TOKENS, temperature=0.0,
+                    extra_body={"ignore_eos": True, "return_token_ids": True}) for p in PROMPTS))
+
+        answers = asyncio.run(complete_all())
+        prompt_ids = [a.choices[0].prompt_token_ids for a in answers]
+        assert [a.choices[0].token_ids for a in answers] == hf_greedy(tiny_llama, prompt_ids, MAX_TOKENS)
+        import json
+        import urllib.request
+
+        request = urllib.request.Request(f"{server.base_url}{REPORT_PATH}",
+                                         headers={"Authorization": f"Bearer {API_KEY}"})
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            report = json.loads(answer.read())
+        check_tp_ranks(report["ranks"])
+        check_workers_on_both_nodes(ray_cluster, before)
+    finally:
+        server.stop()
