@@ -46,7 +46,7 @@ PROMPTS = [
 GREEDY = dict(max_tokens=MAX_TOKENS, temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
 
 
-def _mooncake_loads() -> str | None:
+def mooncake_missing() -> str | None:
     try:
         from mooncake.engine import TransferEngine  # noqa: F401
     except (ImportError, OSError) as exc:
@@ -68,7 +68,7 @@ def prompt_tokens_by_source(base_url: str) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def deployment(tiny_llama, tmp_path_factory) -> Any:
-    reason = _mooncake_loads()
+    reason = mooncake_missing()
     if reason is not None:
         pytest.skip(reason)
     logs = tmp_path_factory.mktemp("pd")
