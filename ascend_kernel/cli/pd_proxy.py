@@ -113,16 +113,18 @@ def _short(text: str, limit: int = 600) -> str:
 class PDProxy:
     """The proxy's state and request flow (one instance per app)."""
 
-    def __init__(self, prefill: Sequence[str], decode: Sequence[str], timeout_s: float) -> None:
+    def __init__(self, prefill: Sequence[str], decode: Sequence[str], timeout_s: float, transport: Any = None) -> None:
         self.prefill = Pool([Instance(u, "prefill") for u in prefill])
         self.decode = Pool([Instance(u, "decode") for u in decode])
         self.timeout_s = timeout_s
+        self.transport = transport  # an httpx transport (tests); None: the network
         self.client: Any = None
 
     async def start(self) -> None:
         import httpx
 
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s, connect=10.0), trust_env=False)
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s, connect=10.0), trust_env=False,
+                                        transport=self.transport)
 
     async def close(self) -> None:
         if self.client is not None:
@@ -191,15 +193,15 @@ class PDProxy:
                                  background=BackgroundTask(answer.aclose))
 
 
-def build_app(prefill: Sequence[str], decode: Sequence[str], timeout_s: float = 600.0) -> Any:
-    """The proxy's ASGI app (Starlette, under vLLM's FastAPI)."""
+def build_app(prefill: Sequence[str], decode: Sequence[str], timeout_s: float = 600.0, transport: Any = None) -> Any:
+    """The proxy's ASGI app (Starlette, under vLLM's FastAPI); ``transport`` replaces the network (tests)."""
     import contextlib
 
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
-    proxy = PDProxy(prefill, decode, timeout_s)
+    proxy = PDProxy(prefill, decode, timeout_s, transport)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any):
