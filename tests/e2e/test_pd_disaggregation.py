@@ -43,6 +43,8 @@ PROMPTS = [
     PREFIX + " the children ran to school",
     " ".join(f"word{i} follows the previous word in this long line of text," for i in range(12)),
 ]
+#: VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT of the deployment (vLLM's default: 480 s)
+ABORT_TIMEOUT_S = 10
 GREEDY = dict(max_tokens=MAX_TOKENS, temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
 
 
@@ -72,7 +74,8 @@ def deployment(tiny_llama, tmp_path_factory) -> Any:
     if reason is not None:
         pytest.skip(reason)
     logs = tmp_path_factory.mktemp("pd")
-    env = clean_env()
+    # a short abort timeout: a consumer whose producer died gives up after it plus vLLM's fixed 60 s (the fault test)
+    env = clean_env(VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT=str(ABORT_TIMEOUT_S))
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     proxy = LocalServer([*CLI, "serve-pd", str(tiny_llama), "--prefill", "1", "--decode", "1", "--log-dir", str(logs),
                          *SERVE_ARGS], env, logs / "serve-pd.log")
@@ -173,3 +176,67 @@ def test_mooncake_on_a_model_with_recurrent_state_is_one_clear_error(tmp_path):
     error = proc.stderr.strip().splitlines()[-1]
     assert error.startswith("ascend-kernel: error:"), proc.stderr[-2000:]
     assert "MooncakeConnector" in error and "recurrent" in error and "Mamba2ForCausalLM" in error
+
+
+# -- faults: the last tests of the module (they kill the prefill instance) ---------------------------------
+
+
+def kill_instance(url: str) -> None:
+    """SIGKILL the server listening at ``url`` and every process under it (API server, engine core, worker)."""
+    import signal
+    from urllib.parse import urlsplit
+
+    import psutil
+
+    port = urlsplit(url).port
+    pid = next(c.pid for c in psutil.net_connections(kind="tcp") if c.status == "LISTEN" and c.laddr.port == port)
+    server = psutil.Process(pid)
+    processes = [server, *server.children(recursive=True)]
+    for process in processes:
+        process.send_signal(signal.SIGKILL)  # zombies until serve-pd reaps them: wait for the port, not the pids
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"{url}/health", timeout=10)
+
+
+def post(url: str, body: dict[str, Any], timeout: float = 120) -> tuple[int, dict[str, Any]]:
+    import urllib.error
+
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_prefill_dies_after_prefill_decode_fails_fast_frees_blocks_and_proxy_names_it(answers, deployment, tiny_llama):
+    import time
+
+    prompt = {"model": str(tiny_llama), "prompt": PROMPTS[4], "temperature": 0}
+    status, prefilled = post(deployment["prefill"] + "/v1/completions", {
+        **prompt, "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": "dies"}})
+    assert status == 200 and prefilled["kv_transfer_params"]["transfer_id"] == "dies"
+    kill_instance(deployment["prefill"])  # the producer host is gone, its pages with it
+
+    # the consumer already knows this producer's workers, so it asks the dead one directly and gives up after its
+    # socket timeout: the abort timeout plus 60 s (vLLM's MooncakeConnector; an unknown producer fails at once)
+    started = time.monotonic()
+    status, failed = post(deployment["decode"] + "/v1/completions",
+                          {**prompt, "max_tokens": MAX_TOKENS, "kv_transfer_params": prefilled["kv_transfer_params"]},
+                          timeout=ABORT_TIMEOUT_S + 120)
+    waited = time.monotonic() - started
+    assert status >= 500 and "error" in failed
+    assert waited < ABORT_TIMEOUT_S + 60 + 30, waited
+    status, through_proxy = post(f"{deployment['proxy'].base_url}/v1/completions", {**prompt, "max_tokens": 2})
+    assert status == 502 and through_proxy["error"]["message"].startswith(f"prefill instance {deployment['prefill']}")
+
+    with urllib.request.urlopen(deployment["decode"] + "/metrics", timeout=60) as answer:
+        metrics = answer.read().decode()
+    usage = re.search(r"^vllm:kv_cache_usage_perc\{[^}]*\} ([0-9.eE+-]+)$", metrics, re.M)
+    assert usage is not None and float(usage.group(1)) == 0.0, "the decode instance kept the failed request's blocks"
+    assert get_json(deployment["decode"] + REPORT_PATH)["kv_transfer"]["kv_failed_transfers"] >= 1
+    # and it still serves: the same prompt computed locally equals the disaggregated answer of before
+    status, local = post(deployment["decode"] + "/v1/completions",
+                         {**prompt, "max_tokens": MAX_TOKENS, "ignore_eos": True, "return_token_ids": True})
+    assert status == 200 and local["choices"][0]["token_ids"] == answers["completions"][4].choices[0].token_ids
