@@ -13,6 +13,11 @@ the check that it has no ``/ascend-kernel/report``; the kernel server must
 answer that route.
 
     .venv/bin/python bench/serve_load.py --model .cache/tiny-models/llama-seed0 [--json]
+
+``--pd`` compares prefill/decode disaggregation instead: one ``ascend-kernel
+serve`` instance against ``ascend-kernel serve-pd`` (one kv_producer and one
+kv_consumer over vLLM's MooncakeConnector on loopback TCP, behind
+``ascend-kernel pd-proxy``), same requests, ratios pd/single from the same run.
 """
 
 from __future__ import annotations
@@ -53,10 +58,13 @@ def server_env(kernel: bool) -> dict[str, str]:
     return env
 
 
-def server_argv(kernel: bool, model: str, extra: list[str]) -> list[str]:
+def server_argv(kind: str, model: str, extra: list[str]) -> list[str]:
     common = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "0",
               "--disable-uvicorn-access-log", *extra]
-    if kernel:
+    if kind == "pd":
+        return [sys.executable, "-m", "ascend_kernel.cli.main", "serve-pd", model, "--prefill", "1", "--decode", "1",
+                *common]
+    if kind == "kernel":
         return [sys.executable, "-m", "ascend_kernel.cli.main", "serve", model, *common]
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, *common]
 
@@ -106,14 +114,14 @@ def report_status(base_url: str) -> int:
 
 
 def run_server(kind: str, args: argparse.Namespace, texts: list[str], workdir: Path) -> dict[str, Any]:
-    kernel = kind == "kernel"
-    server = LocalServer(server_argv(kernel, args.model, args.server_arg or []), server_env(kernel),
+    kernel = kind != "stock"
+    server = LocalServer(server_argv(kind, args.model, args.server_arg or []), server_env(kernel),
                          workdir / f"{kind}.log")
     t0 = time.perf_counter()
     server.start(timeout_s=args.start_timeout)
     startup_s = time.perf_counter() - t0
     try:
-        status = report_status(server.base_url)
+        status = report_status(server.base_url) if kind != "pd" else 200  # the proxy has no report of its own
         if (status == 200) != kernel:
             raise SystemExit(f"{kind} server: GET {REPORT_PATH} answered {status}; the kernel is "
                              f"{'off' if kernel else 'on'} there (log: {server.log_path})")
@@ -139,19 +147,23 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=16, help="warm-up requests per server")
     ap.add_argument("--server-arg", action="append", help="extra argument for both servers (repeatable)")
     ap.add_argument("--start-timeout", type=float, default=600.0)
+    ap.add_argument("--pd", action="store_true",
+                    help="compare serve-pd (1 prefill + 1 decode instance behind pd-proxy) with one kernel instance")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     args.concurrency = args.concurrency or args.requests
     texts = prompts(args.requests)
+    base, other = ("kernel", "pd") if args.pd else ("stock", "kernel")
     with tempfile.TemporaryDirectory(prefix="serve-load-") as tmp:
-        results = {kind: run_server(kind, args, texts, Path(tmp)) for kind in ("stock", "kernel")}
-    same = results["stock"].pop("tokens") == results["kernel"].pop("tokens")
+        results = {kind: run_server(kind, args, texts, Path(tmp)) for kind in (base, other)}
+    same = results[base].pop("tokens") == results[other].pop("tokens")
     keys = ("throughput_rps", "p50_ms", "p99_ms")
-    ratio = {k: results["kernel"][k] / results["stock"][k] for k in keys}
+    ratio = {k: results[other][k] / results[base][k] for k in keys}
     if args.json:
         print(json.dumps({**{kind: {k: r[k] for k in keys} for kind, r in results.items()}, "ratio": ratio,
                           "requests": args.requests, "concurrency": args.concurrency, "rounds": args.rounds,
-                          "max_tokens": args.max_tokens, "same_tokens": same,
+                          "max_tokens": args.max_tokens, "same_tokens": same, "ratio_of": f"{other}/{base}",
+                          "startup_s": {kind: r["startup_s"] for kind, r in results.items()},
                           "errors": {kind: r["errors"] for kind, r in results.items()}}, indent=2))
     else:
         print(f"{args.requests} greedy completions x {args.max_tokens} tokens, {args.concurrency} in flight, "
@@ -160,8 +172,8 @@ def main() -> int:
         for kind, r in results.items():
             print(f"{kind:>7}  {r['throughput_rps']:>8.1f}  {r['p50_ms']:>8.1f}  {r['p99_ms']:>8.1f}  "
                   f"{r['errors']:>6}  {', '.join(f'{x:.1f}' for x in r['rounds_rps'])}")
-        print(f"{'k/s':>7}  {ratio['throughput_rps']:>8.3f}  {ratio['p50_ms']:>8.3f}  {ratio['p99_ms']:>8.3f}")
-        print(f"same tokens on both servers: {same}")
+        print(f"{'ratio':>7}  {ratio['throughput_rps']:>8.3f}  {ratio['p50_ms']:>8.3f}  {ratio['p99_ms']:>8.3f}")
+        print(f"ratio = {other}/{base}; same tokens on both servers: {same}")
     return 0 if same and not any(r["errors"] for r in results.values()) else 1
 
 
