@@ -64,7 +64,8 @@ class CountingMooncakeWorker(MooncakeConnectorWorker):
     * producer: every successful ``batch_transfer_sync_write`` adds its bytes;
     * consumer: a request whose pull completes adds its local blocks (the
       blocks it asked for: prompt blocks it had no cached copy of);
-    * both: every request whose transfer failed is counted.
+    * both: every failed write, and every request whose pull failed (not the
+      empty pulls that only ask a producer to free a request's pages), is counted.
     """
 
     kernel_counts: TransferCounts
@@ -95,7 +96,8 @@ class CountingMooncakeWorker(MooncakeConnectorWorker):
     def _handle_failed_recv(self, pull_metas: dict[str, Any], req_ids: Any, reason: str) -> None:
         for req_id in req_ids:
             meta = pull_metas.get(req_id)
-            if meta is not None and not meta.failed:
+            # a pull without local blocks only asks the producer to free its pages (a request that never ran here)
+            if meta is not None and not meta.failed and any(meta.local_block_ids):
                 self.kernel_counts.failure()
         super()._handle_failed_recv(pull_metas, req_ids, reason)
 

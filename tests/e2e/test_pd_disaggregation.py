@@ -235,7 +235,7 @@ def test_prefill_dies_after_prefill_decode_fails_fast_frees_blocks_and_proxy_nam
         metrics = answer.read().decode()
     usage = re.search(r"^vllm:kv_cache_usage_perc\{[^}]*\} ([0-9.eE+-]+)$", metrics, re.M)
     assert usage is not None and float(usage.group(1)) == 0.0, "the decode instance kept the failed request's blocks"
-    assert get_json(deployment["decode"] + REPORT_PATH)["kv_transfer"]["kv_failed_transfers"] >= 1
+    assert get_json(deployment["decode"] + REPORT_PATH)["kv_transfer"]["kv_failed_transfers"] == 1
     # and it still serves: the same prompt computed locally equals the disaggregated answer of before
     status, local = post(deployment["decode"] + "/v1/completions",
                          {**prompt, "max_tokens": MAX_TOKENS, "ignore_eos": True, "return_token_ids": True})
