@@ -71,3 +71,9 @@ def test_counts_derive_blocks_and_bytes():
     assert (report["kv_blocks_sent"], report["kv_bytes_sent"]) == (4, 4096)
     assert (report["kv_blocks_received"], report["kv_bytes_received"], report["kv_requests_received"]) == (2, 2048, 1)
     assert report["kv_bytes_transferred"] == 4096 + 2048 and report["kv_failed_transfers"] == 1
+
+
+def test_a_transfer_engine_that_does_not_load_is_refused_with_what_to_install(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "mooncake.engine", None)  # import fails as when not installed
+    with pytest.raises(KVTransferUnsupported, match=r"transfer engine does not load.*ascend-kernel\[pd\].*libibverbs1"):
+        ascend_kernel_configure(settings=None, vllm_config=config(), device=None)

@@ -4,7 +4,8 @@ Runs in the platform's ``check_and_update_config`` (every process that builds
 the config: the API server, the engine core), before any family is chosen.
 With ``kv_transfer_config.kv_connector == "MooncakeConnector"`` it
 
-* refuses, in one paragraph, what the kernel cannot hand the connector
+* refuses, in one paragraph, a missing transfer engine (the ``pd`` extra,
+  ``libibverbs.so.1``) and what the kernel cannot hand the connector
   (models with recurrent state: the kernel's Mamba layout gives the runner
   per-state views, while the connector registers one raw page per layer and
   vLLM has validated it only for GDN; not run here), and
@@ -37,7 +38,23 @@ def unsupported_reason(vllm_config: Any) -> str | None:
     if model is not None and getattr(model, "has_inner_state", False):
         return (f"the model ({model.architecture}) keeps recurrent (Mamba-style) state: the kernel's Mamba "
                 f"layout hands the runner per-state views, while {MOONCAKE} registers one raw page per layer "
-                "and transfers whole pages; that pairing has not been built or run")
+                "and transfers whole pages; that pairing has not been built or run. Serve it without "
+                "--kv-transfer-config, or use a model with full-attention or MLA layers only")
+    return None
+
+
+def transfer_engine_missing() -> str | None:
+    """Why the Mooncake transfer engine cannot load in this environment, or None.
+
+    vLLM only logs a warning when ``mooncake.engine`` fails to import and
+    fails later, inside a worker; the kernel says it before any engine starts.
+    """
+    try:
+        from mooncake.engine import TransferEngine  # noqa: F401
+    except (ImportError, OSError) as exc:
+        return (f"the Mooncake transfer engine does not load ({type(exc).__name__}: {exc}); install the `pd` extra "
+                "(pip install 'ascend-kernel[pd]') and the system library libibverbs.so.1 it links even for TCP "
+                "(Debian/Ubuntu: apt-get install libibverbs1)")
     return None
 
 
@@ -46,12 +63,11 @@ def mooncake_fixups(vllm_config: Any) -> list[ConfigChange]:
     from ascend_kernel_plugins.kv_transfer.mooncake import CONNECTOR_CLASS, CONNECTOR_MODULE
 
     kv = vllm_config.kv_transfer_config
-    reason = unsupported_reason(vllm_config)
+    reason = unsupported_reason(vllm_config) or transfer_engine_missing()
     if reason is not None:
         raise KVTransferUnsupported(
             f"ascend-kernel cannot run kv_transfer_config.kv_connector={MOONCAKE!r} (kv_role {kv.kv_role!r}) "
-            f"for this model: {reason}. Serve it without --kv-transfer-config, or use a model with "
-            "full-attention or MLA layers only.")
+            f"here: {reason}.")
     why = (f"vLLM's {MOONCAKE}, built by the kernel: a device index on a CPU host "
            "(torch.accelerator has none) and counted transfers for /ascend-kernel/report")
     changes = [change(vllm_config, "kv_transfer_config.kv_connector_module_path", CONNECTOR_MODULE, why),
