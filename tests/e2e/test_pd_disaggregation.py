@@ -181,16 +181,16 @@ def test_mooncake_on_a_model_with_recurrent_state_is_one_clear_error(tmp_path):
 # -- faults: the last tests of the module (they kill the prefill instance) ---------------------------------
 
 
-def kill_instance(url: str) -> None:
-    """SIGKILL the server listening at ``url`` and every process under it (API server, engine core, worker)."""
+def kill_instance(serve_pd: LocalServer, url: str) -> None:
+    """SIGKILL the instance ``serve_pd`` started at ``url`` and every process under it (engine core, worker)."""
     import signal
     from urllib.parse import urlsplit
 
     import psutil
 
-    port = urlsplit(url).port
-    pid = next(c.pid for c in psutil.net_connections(kind="tcp") if c.status == "LISTEN" and c.laddr.port == port)
-    server = psutil.Process(pid)
+    port = str(urlsplit(url).port)
+    server = next(child for child in psutil.Process(serve_pd.process.pid).children()
+                  if "serve" in child.cmdline() and port in child.cmdline())  # its own "--port PORT"
     processes = [server, *server.children(recursive=True)]
     for process in processes:
         process.send_signal(signal.SIGKILL)  # zombies until serve-pd reaps them: wait for the port, not the pids
@@ -217,7 +217,7 @@ def test_prefill_dies_after_prefill_decode_fails_fast_frees_blocks_and_proxy_nam
         **prompt, "max_tokens": 1,
         "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": "dies"}})
     assert status == 200 and prefilled["kv_transfer_params"]["transfer_id"] == "dies"
-    kill_instance(deployment["prefill"])  # the producer host is gone, its pages with it
+    kill_instance(deployment["proxy"], deployment["prefill"])  # the producer host is gone, its pages with it
 
     # the consumer already knows this producer's workers, so it asks the dead one directly and gives up after its
     # socket timeout: the abort timeout plus 60 s (vLLM's MooncakeConnector; an unknown producer fails at once)
