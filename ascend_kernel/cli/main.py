@@ -483,6 +483,10 @@ def build_parser() -> argparse.ArgumentParser:
     # listed for --help only: main() hands `serve` and everything after it to vLLM's own serve parser
     sub.add_parser("serve", add_help=False, help="vLLM's OpenAI-compatible server with the kernel: "
                    "ascend-kernel serve MODEL [any vLLM serve argument] (see: ascend-kernel serve --help)")
+    sub.add_parser("pd-proxy", add_help=False, help="prefill/decode proxy: ascend-kernel pd-proxy --port P "
+                   "--prefill URL --decode URL (see: ascend-kernel pd-proxy --help)")
+    sub.add_parser("serve-pd", add_help=False, help="prefill and decode instances plus the proxy on this host: "
+                   "ascend-kernel serve-pd MODEL --prefill N --decode N (see: ascend-kernel serve-pd --help)")
     return parser
 
 
@@ -492,6 +496,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ascend_kernel.cli.serve import main as serve_main
 
         return serve_main(argv[1:])
+    if argv[:1] == ["pd-proxy"]:
+        from ascend_kernel.cli.pd_proxy import main as proxy_main
+
+        return proxy_main(argv[1:])
+    if argv[:1] == ["serve-pd"]:
+        from ascend_kernel.cli.serve_pd import main as serve_pd_main
+
+        return serve_pd_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -146,7 +146,7 @@ class LocalServer:
     """
 
     def __init__(self, argv: list[str], env: dict[str, str], log_path: Any, *, host: str = "127.0.0.1",
-                 port: int | None = None, api_key: str | None = None) -> None:
+                 port: int | None = None, api_key: str | None = None, new_session: bool = True) -> None:
         from pathlib import Path
 
         self.host = host
@@ -155,6 +155,8 @@ class LocalServer:
         self.env = env
         self.log_path = Path(log_path)
         self.api_key = api_key
+        #: False: stay in the parent's process group (``serve-pd``: whoever stops the group stops the instances)
+        self.new_session = new_session
         self.process: Any = None
 
     @property
@@ -172,7 +174,7 @@ class LocalServer:
 
         log = open(self.log_path, "wb")  # noqa: SIM115 - the child writes to it for its whole life
         self.process = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+                                        stdin=subprocess.DEVNULL, start_new_session=self.new_session)
         log.close()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -204,8 +206,11 @@ class LocalServer:
                 process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 pass
-        try:
-            os.killpg(process.pid, signal.SIGKILL)  # the group this server started in (engine core, workers)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if self.new_session:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)  # the group this server started in (engine core, workers)
+            except (ProcessLookupError, PermissionError):
+                pass
+        elif process.poll() is None:
+            process.kill()
         process.wait()

@@ -40,6 +40,23 @@ class KernelReportMixin:
         if runner is None or not hasattr(runner, "kernel_report"):
             raise RuntimeError("this worker has no kernel runner (was the engine started on the kernel platform?)")
         report = runner.kernel_report()
+        report["kv_transfer"] = kv_transfer_report()
         report["rank"] = getattr(self, "rank", 0)
         report["dp_rank"] = self.vllm_config.parallel_config.data_parallel_index  # type: ignore[attr-defined]
         return report
+
+
+def kv_transfer_report() -> dict[str, Any] | None:
+    """What this worker's KV connector says it moved, or None without one.
+
+    Connector-agnostic: a connector that offers ``describe_transfer()`` (the
+    kernel's Mooncake subclass does: blocks and bytes sent and received)
+    answers with it; any other connector is only named.
+    """
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return None
+    connector = get_kv_transfer_group()
+    describe = getattr(connector, "describe_transfer", None)
+    return describe() if describe is not None else {"connector": type(connector).__name__}

@@ -1,0 +1,83 @@
+"""Config fix-up for KV transfer: vLLM's Mooncake connector through the kernel's subclass, or a refusal.
+
+Runs in the platform's ``check_and_update_config`` (every process that builds
+the config: the API server, the engine core), before any family is chosen.
+With ``kv_transfer_config.kv_connector == "MooncakeConnector"`` it
+
+* refuses, in one paragraph, a missing transfer engine (the ``pd`` extra,
+  ``libibverbs.so.1``) and what the kernel cannot hand the connector
+  (models with recurrent state: the kernel's Mamba layout gives the runner
+  per-state views, while the connector registers one raw page per layer and
+  vLLM has validated it only for GDN; not run here), and
+* points the config at :class:`~ascend_kernel_plugins.kv_transfer.mooncake.KernelMooncakeConnector`
+  (``kv_connector`` and ``kv_connector_module_path``, two recorded changes):
+  the same connector, built so that it starts on a CPU host and counts the
+  pages it moves for ``/ascend-kernel/report``.
+
+Other connectors pass through untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ascend_kernel.config_changes import ConfigChange, change
+from ascend_kernel.errors import KernelError
+from ascend_kernel.hookspecs import hookimpl
+
+MOONCAKE = "MooncakeConnector"
+
+
+class KVTransferUnsupported(KernelError):
+    """The configured KV connector cannot serve this model on the kernel (names what and why)."""
+
+
+def unsupported_reason(vllm_config: Any) -> str | None:
+    """Why the kernel refuses Mooncake transfer for this model, or None."""
+    model = getattr(vllm_config, "model_config", None)
+    if model is not None and getattr(model, "has_inner_state", False):
+        return (f"the model ({model.architecture}) keeps recurrent (Mamba-style) state: the kernel's Mamba "
+                f"layout hands the runner per-state views, while {MOONCAKE} registers one raw page per layer "
+                "and transfers whole pages; that pairing has not been built or run. Serve it without "
+                "--kv-transfer-config, or use a model with full-attention or MLA layers only")
+    return None
+
+
+def transfer_engine_missing() -> str | None:
+    """Why the Mooncake transfer engine cannot load in this environment, or None.
+
+    vLLM only logs a warning when ``mooncake.engine`` fails to import and
+    fails later, inside a worker; the kernel says it before any engine starts.
+    """
+    try:
+        from mooncake.engine import TransferEngine  # noqa: F401
+    except (ImportError, OSError) as exc:
+        return (f"the Mooncake transfer engine does not load ({type(exc).__name__}: {exc}); install the `pd` extra "
+                "(pip install 'ascend-kernel[pd]') and the system library libibverbs.so.1 it links even for TCP "
+                "(Debian/Ubuntu: apt-get install libibverbs1)")
+    return None
+
+
+def mooncake_fixups(vllm_config: Any) -> list[ConfigChange]:
+    """Refuse what cannot run; otherwise route ``MooncakeConnector`` to the kernel's subclass."""
+    from ascend_kernel_plugins.kv_transfer.mooncake import CONNECTOR_CLASS, CONNECTOR_MODULE
+
+    kv = vllm_config.kv_transfer_config
+    reason = unsupported_reason(vllm_config) or transfer_engine_missing()
+    if reason is not None:
+        raise KVTransferUnsupported(
+            f"ascend-kernel cannot run kv_transfer_config.kv_connector={MOONCAKE!r} (kv_role {kv.kv_role!r}) "
+            f"here: {reason}.")
+    why = (f"vLLM's {MOONCAKE}, built by the kernel: a device index on a CPU host "
+           "(torch.accelerator has none) and counted transfers for /ascend-kernel/report")
+    changes = [change(vllm_config, "kv_transfer_config.kv_connector_module_path", CONNECTOR_MODULE, why),
+               change(vllm_config, "kv_transfer_config.kv_connector", CONNECTOR_CLASS, why)]
+    return [c for c in changes if c is not None]
+
+
+@hookimpl
+def ascend_kernel_configure(settings: Any, vllm_config: Any, device: Any) -> list[ConfigChange] | None:
+    kv = getattr(vllm_config, "kv_transfer_config", None)
+    if kv is None or kv.kv_connector != MOONCAKE or kv.kv_connector_module_path:
+        return None
+    return mooncake_fixups(vllm_config)

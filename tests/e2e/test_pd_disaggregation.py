@@ -1,0 +1,242 @@
+"""Prefill/decode disaggregation over vLLM's MooncakeConnector (TCP on loopback), through ``ascend-kernel pd-proxy``.
+
+One deployment for the module, started the way a user starts it:
+``ascend-kernel serve-pd TINY_LLAMA --prefill 1 --decode 1`` (a kv_producer
+and a kv_consumer ``ascend-kernel serve`` on the CPU fallback, vLLM's CPU
+attention, float32, and the proxy in front). Requests go to the proxy with
+the official ``openai`` client; the oracle is transformers' greedy
+generation on the prompt token ids the server reports. The instances'
+``/metrics`` and ``/ascend-kernel/report`` show where the prompt was computed
+and how many pages moved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ascend_kernel.cli.serving import REPORT_PATH, LocalServer
+from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, clean_env, hf_greedy, run_cli
+
+pytestmark = pytest.mark.e2e
+
+MAX_TOKENS = 6
+#: 32-token blocks (vLLM-CPU's default is 128; its attention takes multiples of 32): the long prompt spans many,
+#: the shared prefix two
+BLOCK = 32
+SERVE_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "0", "--block-size", str(BLOCK)]
+PREFIX = ("In the old harbor town the river met the sea, and every morning the fishing boats went out past "
+          "the stone lighthouse while the gulls circled over the nets and the market square slowly filled with "
+          "traders, carts and the smell of fresh bread, and")
+#: short prompts, two sharing a long prefix, and one longer than several blocks
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, there was a little",
+    PREFIX + " the bakers opened their doors",
+    PREFIX + " the children ran to school",
+    " ".join(f"word{i} follows the previous word in this long line of text," for i in range(12)),
+]
+#: VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT of the deployment (vLLM's default: 480 s)
+ABORT_TIMEOUT_S = 10
+GREEDY = dict(max_tokens=MAX_TOKENS, temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
+
+
+def mooncake_missing() -> str | None:
+    try:
+        from mooncake.engine import TransferEngine  # noqa: F401
+    except (ImportError, OSError) as exc:
+        return f"the Mooncake transfer engine does not load here ({exc}); see README, setup"
+    return None
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=60) as answer:
+        return json.loads(answer.read())
+
+
+def prompt_tokens_by_source(base_url: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=60) as answer:
+        text = answer.read().decode()
+    found = re.findall(r'^vllm:prompt_tokens_by_source_total\{[^}]*source="([a-z_]+)"[^}]*\} ([0-9.eE+-]+)$', text, re.M)
+    return {source: float(value) for source, value in found}
+
+
+@pytest.fixture(scope="module")
+def deployment(tiny_llama, tmp_path_factory) -> Any:
+    reason = mooncake_missing()
+    if reason is not None:
+        pytest.skip(reason)
+    logs = tmp_path_factory.mktemp("pd")
+    # a short abort timeout: a consumer whose producer died gives up after it plus vLLM's fixed 60 s (the fault test)
+    env = clean_env(VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT=str(ABORT_TIMEOUT_S))
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    proxy = LocalServer([*CLI, "serve-pd", str(tiny_llama), "--prefill", "1", "--decode", "1", "--log-dir", str(logs),
+                         *SERVE_ARGS], env, logs / "serve-pd.log")
+    proxy.start(timeout_s=ENGINE_TIMEOUT_S)
+    status = get_json(f"{proxy.base_url}/pd-proxy/status")
+    yield {"proxy": proxy, "prefill": status["prefill"][0]["url"], "decode": status["decode"][0]["url"], "logs": logs}
+    proxy.stop()
+
+
+def client(proxy: LocalServer) -> Any:
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(base_url=f"{proxy.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def answers(deployment, tiny_llama) -> dict[str, Any]:
+    """Every request of the module, sent once: completions (prefix-sharing pair one after the other), a chat, a stream."""
+    model = str(tiny_llama)
+
+    async def run() -> dict[str, Any]:
+        async with client(deployment["proxy"]) as api:
+            # the first three at once, then the prompt that shares the third's prefix, then the long one
+            first = await asyncio.gather(*(api.completions.create(model=model, prompt=p, **GREEDY)
+                                           for p in PROMPTS[:3]))
+            rest = [await api.completions.create(model=model, prompt=p, **GREEDY) for p in PROMPTS[3:]]
+            chat = await api.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "Name three rivers, please."}], **GREEDY)
+            streamed: list[int] = []
+            async for chunk in await api.completions.create(model=model, prompt=PROMPTS[0], stream=True, **GREEDY):
+                streamed += getattr(chunk.choices[0], "token_ids", None) or []
+            return {"completions": [*first, *rest], "chat": chat, "streamed": streamed}
+
+    return asyncio.run(run())
+
+
+def test_completions_through_the_proxy_equal_transformers(answers, tiny_llama):
+    prompt_ids = [c.choices[0].prompt_token_ids for c in answers["completions"]]
+    ours = [c.choices[0].token_ids for c in answers["completions"]]
+    assert all(len(t) == MAX_TOKENS for t in ours)
+    assert ours == hf_greedy(tiny_llama, prompt_ids, MAX_TOKENS)
+    assert answers["streamed"] == ours[0], "the streamed answer differs from the same prompt's plain answer"
+
+
+def test_chat_through_the_proxy_equals_transformers(answers, tiny_llama):
+    chat = answers["chat"]
+    prompt_ids = chat.prompt_token_ids
+    assert prompt_ids, "the chat answer carries no prompt token ids"
+    assert chat.choices[0].token_ids == hf_greedy(tiny_llama, [prompt_ids], MAX_TOKENS)[0]
+
+
+def test_decode_instance_computed_no_prompt_and_reports_count_the_pages(answers, deployment):
+    prompt_lens = [len(c.choices[0].prompt_token_ids) for c in answers["completions"]]
+    prompt_lens += [len(answers["chat"].prompt_token_ids), prompt_lens[0]]  # the chat, the streamed repeat
+    assert max(prompt_lens) > 4 * BLOCK, "the long prompt must span several blocks"
+    decode_tokens = prompt_tokens_by_source(deployment["decode"])
+    prefill_tokens = prompt_tokens_by_source(deployment["prefill"])
+    # vLLM counts a prompt token computed by the consumer as local_compute: none were
+    assert decode_tokens["local_compute"] == 0, decode_tokens
+    assert decode_tokens["external_kv_transfer"] + decode_tokens["local_cache_hit"] == sum(prompt_lens), decode_tokens
+    assert prefill_tokens["local_compute"] + prefill_tokens["local_cache_hit"] == sum(prompt_lens), prefill_tokens
+    assert prefill_tokens["local_cache_hit"] >= 2 * BLOCK, "the prompt sharing a prefix should hit the prefill's cache"
+
+    decode_report = get_json(deployment["decode"] + REPORT_PATH)
+    prefill_report = get_json(deployment["prefill"] + REPORT_PATH)
+    # the kernel's own step trace: every step of the decode instance ran one token per request
+    assert set(decode_report["trace"]["attention_states"]) == {"DecodeOnly"}, decode_report["trace"]
+    assert "PrefillNoCache" in prefill_report["trace"]["attention_states"]
+
+    sent, received = prefill_report["kv_transfer"], decode_report["kv_transfer"]
+    assert (sent["kv_role"], received["kv_role"]) == ("kv_producer", "kv_consumer")
+    block = decode_report["kv_cache"]["layouts"][0]["block_size"]
+    assert block == BLOCK
+    external_blocks = decode_tokens["external_kv_transfer"] / block
+    assert received["kv_requests_received"] == len(prompt_lens)
+    assert received["kv_blocks_received"] == sent["kv_blocks_sent"] > 0
+    assert math.floor(external_blocks) <= received["kv_blocks_received"] <= sum(math.ceil(n / block)
+                                                                               for n in prompt_lens)
+    assert received["kv_bytes_received"] == sent["kv_bytes_sent"] == received["kv_blocks_received"] * \
+        received["kv_bytes_per_block"]
+    assert sent["kv_bytes_transferred"] == received["kv_bytes_transferred"] > 0
+    assert sent["kv_failed_transfers"] == received["kv_failed_transfers"] == 0
+
+
+def test_proxy_balances_and_counts(answers, deployment):
+    status = get_json(f"{deployment['proxy'].base_url}/pd-proxy/status")
+    requests = len(answers["completions"]) + 2
+    assert [(i["requests"], i["errors"]) for i in status["prefill"] + status["decode"]] == [(requests, 0)] * 2
+
+
+def test_mooncake_on_a_model_with_recurrent_state_is_one_clear_error(tmp_path):
+    from ascend_kernel.models import create_tiny_model
+
+    model = create_tiny_model("mamba2", tmp_path / "mamba2")
+    config = json.dumps({"kv_connector": "MooncakeConnector", "kv_role": "kv_producer"})
+    proc = run_cli(["generate", "--model", str(model), "--max-tokens", "2", "--engine-arg",
+                    f"kv_transfer_config={config}"], env=clean_env(ASCEND_KERNEL_DEVICE="cpu"), expect_rc=2)
+    error = proc.stderr.strip().splitlines()[-1]
+    assert error.startswith("ascend-kernel: error:"), proc.stderr[-2000:]
+    assert "MooncakeConnector" in error and "recurrent" in error and "Mamba2ForCausalLM" in error
+
+
+# -- faults: the last tests of the module (they kill the prefill instance) ---------------------------------
+
+
+def kill_instance(serve_pd: LocalServer, url: str) -> None:
+    """SIGKILL the instance ``serve_pd`` started at ``url`` and every process under it (engine core, worker)."""
+    import signal
+    from urllib.parse import urlsplit
+
+    import psutil
+
+    port = str(urlsplit(url).port)
+    server = next(child for child in psutil.Process(serve_pd.process.pid).children()
+                  if "serve" in child.cmdline() and port in child.cmdline())  # its own "--port PORT"
+    processes = [server, *server.children(recursive=True)]
+    for process in processes:
+        process.send_signal(signal.SIGKILL)  # zombies until serve-pd reaps them: wait for the port, not the pids
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"{url}/health", timeout=10)
+
+
+def post(url: str, body: dict[str, Any], timeout: float = 120) -> tuple[int, dict[str, Any]]:
+    import urllib.error
+
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_prefill_dies_after_prefill_decode_fails_fast_frees_blocks_and_proxy_names_it(answers, deployment, tiny_llama):
+    import time
+
+    prompt = {"model": str(tiny_llama), "prompt": PROMPTS[4], "temperature": 0}
+    status, prefilled = post(deployment["prefill"] + "/v1/completions", {
+        **prompt, "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": "dies"}})
+    assert status == 200 and prefilled["kv_transfer_params"]["transfer_id"] == "dies"
+    kill_instance(deployment["proxy"], deployment["prefill"])  # the producer host is gone, its pages with it
+
+    # the consumer already knows this producer's workers, so it asks the dead one directly and gives up after its
+    # socket timeout: the abort timeout plus 60 s (vLLM's MooncakeConnector; an unknown producer fails at once)
+    started = time.monotonic()
+    status, failed = post(deployment["decode"] + "/v1/completions",
+                          {**prompt, "max_tokens": MAX_TOKENS, "kv_transfer_params": prefilled["kv_transfer_params"]},
+                          timeout=ABORT_TIMEOUT_S + 120)
+    waited = time.monotonic() - started
+    assert status >= 500 and "error" in failed
+    assert waited < ABORT_TIMEOUT_S + 60 + 30, waited
+    status, through_proxy = post(f"{deployment['proxy'].base_url}/v1/completions", {**prompt, "max_tokens": 2})
+    assert status == 502 and through_proxy["error"]["message"].startswith(f"prefill instance {deployment['prefill']}")
+
+    with urllib.request.urlopen(deployment["decode"] + "/metrics", timeout=60) as answer:
+        metrics = answer.read().decode()
+    usage = re.search(r"^vllm:kv_cache_usage_perc\{[^}]*\} ([0-9.eE+-]+)$", metrics, re.M)
+    assert usage is not None and float(usage.group(1)) == 0.0, "the decode instance kept the failed request's blocks"
+    assert get_json(deployment["decode"] + REPORT_PATH)["kv_transfer"]["kv_failed_transfers"] == 1
+    # and it still serves: the same prompt computed locally equals the disaggregated answer of before
+    status, local = post(deployment["decode"] + "/v1/completions",
+                         {**prompt, "max_tokens": MAX_TOKENS, "ignore_eos": True, "return_token_ids": True})
+    assert status == 200 and local["choices"][0]["token_ids"] == answers["completions"][4].choices[0].token_ids

@@ -1,0 +1,40 @@
+"""``ascend-kernel serve-pd`` without engines: the instances it would start, and what it refuses."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from ascend_kernel.cli.serve_pd import build_instances, build_parser, main
+
+
+def test_instances_roles_ports_and_cores(tmp_path, monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    args, rest = build_parser().parse_known_args(["M", "--prefill", "2", "--decode", "1", "--dtype", "float32",
+                                                  "--api-key", "k"])
+    servers = build_instances(args, rest, tmp_path)
+    configs = [json.loads(s.argv[s.argv.index("--kv-transfer-config") + 1]) for s in servers]
+    assert [c["kv_role"] for c in configs] == ["kv_producer", "kv_producer", "kv_consumer"]
+    assert all(c["kv_connector"] == "MooncakeConnector" and c["kv_connector_extra_config"] == {"mooncake_protocol":
+                                                                                               "tcp"} for c in configs)
+    assert all(s.argv[3:6] == ["serve", "M", "--dtype"] and s.api_key == "k" and not s.new_session for s in servers)
+    boot = [s.env.get("VLLM_MOONCAKE_BOOTSTRAP_PORT") for s in servers]
+    assert boot[2] is None and boot[0] and boot[1] and boot[0] != boot[1]  # a bootstrap server per producer
+    assert [s.env["VLLM_CPU_OMP_THREADS_BIND"] for s in servers] == ["0", "1", "0"]
+    assert len({s.port for s in servers}) == 3
+    assert [s.log_path.name for s in servers] == ["prefill0.log", "prefill1.log", "decode0.log"]
+
+
+def test_refusals_before_anything_starts(tmp_path, capsys):
+    assert main(["M", "--log-dir", str(tmp_path), "--kv-transfer-config", "{}"]) == 2
+    assert "--kv-transfer-config is set by ascend-kernel serve-pd" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["M", "--prefill", "0"])
+    with pytest.raises(argparse.ArgumentTypeError):
+        from ascend_kernel.cli.serve_pd import _positive
+
+        _positive("-1")
