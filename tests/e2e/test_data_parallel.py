@@ -292,9 +292,10 @@ def test_tensor_parallel_over_two_nodes_answers_like_transformers_and_reports_bo
 # -- one host, two DP ranks, expert parallelism across them (MoE) ---------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def dp_expert_parallel(tmp_path_factory) -> Any:
-    """Qwen2-MoE, ``-dp 2 --enable-expert-parallel``: the EP group spans both DP engines.
+@pytest.fixture(scope="module", params=["qwen2_moe", "deepseek_v2"])
+def dp_expert_parallel(request, tmp_path_factory) -> Any:
+    """Qwen2-MoE and DeepSeek-V2 (MLA + MoE), ``-dp 2 --enable-expert-parallel``: the EP group spans both DP
+    engines.
 
     vLLM's MoE runner gathers the DP ranks' tokens before each MoE layer and
     scatters the rows back after it (``all_gatherv`` / ``reduce_scatterv``),
@@ -305,7 +306,7 @@ def dp_expert_parallel(tmp_path_factory) -> Any:
     from ascend_kernel.models import create_tiny_model
 
     base = tmp_path_factory.mktemp("dp-ep")
-    model = create_tiny_model("qwen2_moe", base / "qwen2_moe")
+    model = create_tiny_model(request.param, base / request.param)
     argv = [*CLI, "serve", str(model), *SERVE_ARGS, "--data-parallel-size", "2", "--api-server-count", "1",
             "--enable-expert-parallel"]
     server = LocalServer(argv, server_env("0|1"), base / "server.log", api_key=API_KEY)
