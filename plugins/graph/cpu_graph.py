@@ -133,12 +133,19 @@ def cpu_graph_supported(ctx: Any) -> str | None:
     if not comp.cudagraph_capture_sizes:
         return "no capture sizes are configured"
     model = ctx.vllm_config.model_config
-    if model is not None and getattr(model, "use_mla", False) and ctx.settings.attention_backend != "ascend":
+    if model is not None and getattr(model, "use_mla", False) and _cpu_attention(ctx) != "ascend":
         # vLLM-CPU's MLA backend writes the padded batch's latents against the real tokens' slots
         return ("vLLM-CPU's MLA backend cannot take a batch padded to a capture size (its KV-cache write "
                 "fails on the padding rows); with cpu-graph, MLA models need the Ascend backend "
                 "(ASCEND_KERNEL_ATTENTION_BACKEND=ascend)")
     return None
+
+
+def _cpu_attention(ctx: Any) -> str:
+    """The attention backend a CPU host will run (sparse models get the Ascend one unforced)."""
+    from ascend_kernel_plugins.attention.backends import cpu_backend_choice
+
+    return cpu_backend_choice(ctx.settings.attention_backend, ctx.vllm_config)
 
 
 def resolve_cpu_graph_config(vllm_config: Any, sizes: list[int] | None,

@@ -140,3 +140,14 @@ def test_int8_ngram_spec_decode_reads_drafts_back_from_int8(tiny_llama):
     assert run["report"]["trace"]["attention_states"].get("SpecDecoding", 0) > 0
     prompt_ids = [o["prompt_token_ids"] for o in run["outputs"]]
     assert tokens(run) == hf_greedy_int8_kv(tiny_llama, prompt_ids, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("capture_mode", ["piecewise", "full_decode_only"])
+def test_int8_pages_under_graph_capture_equal_eager(int8_run, tiny_llama, capture_mode):
+    """int8 pages and their scales are written and read by the attention op that runs between (piecewise) or
+    inside (full_decode_only) the captured artifacts: the tokens equal the eager int8 run's."""
+    run = generate(tiny_llama, "--engine-arg", "kv_cache_dtype=int8_per_token_head", "--graph-mode", "cpu-graph",
+                   "--graph-capture-mode", capture_mode, "--capture-sizes", "4", env=ASCEND, max_tokens=MAX_TOKENS)
+    assert tokens(run) == tokens(int8_run)
+    graph = run["report"]["graph"]
+    assert graph["capture_mode"] == capture_mode and graph["replays"] == {"4": MAX_TOKENS - 1}, graph

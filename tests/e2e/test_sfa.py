@@ -226,3 +226,15 @@ def test_tensor_parallel_heads_share_one_replicated_indexer(tiny_v32, sparse_ora
                    prompts=[LONG + "and then"])
     assert_equals_sparse_oracle(sparse_oracle, run)
     check_states(run, "PrefillNoCache", "DecodeOnly")
+
+
+def test_sparse_attention_between_captured_pieces(tiny_v32):
+    """SFA (indexer, sparse MQA decode, its own cache layout) runs between cpu-graph's captured pieces: three
+    requests decode as a batch padded to the captured 4, tokens equal dense transformers (all within index_topk)."""
+    run = generate(tiny_v32, "--graph-mode", "cpu-graph", "--capture-sizes", "4",
+                   env=clean_env(ASCEND_KERNEL_DEVICE="cpu"), max_tokens=MAX_TOKENS)
+    ids = [o["prompt_token_ids"] for o in run["outputs"]]
+    oracle = hf_greedy(tiny_v32, ids, MAX_TOKENS)
+    assert tokens(run) == oracle, divergence_report(tiny_v32, ids, tokens(run), oracle)
+    assert run["report"]["graph"]["replays"] == {"4": MAX_TOKENS - 1}
+    check_states(run, "PrefillNoCache", "DecodeOnly")

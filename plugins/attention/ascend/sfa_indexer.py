@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.compiler import is_compiling
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.layernorm import LayerNorm
 from vllm.model_executor.layers.linear import MergedColumnParallelLinear, ReplicatedLinear
@@ -35,6 +36,7 @@ from vllm.v1.attention.backend import AttentionBackend, MultipleOf
 
 from ascend_kernel import kernel as kernel_mod
 from ascend_kernel.ops import get_ops
+from ascend_kernel.ops.opaque import define_op_once
 
 
 class AscendSFAIndexerBackend(AttentionBackend):
@@ -94,6 +96,7 @@ class AscendIndexer(nn.Module):
                                           prefix=f"{prefix}.k_cache", cache_config=cache_config)
         kernel = kernel_mod.current()
         self.ops = get_ops(kernel.settings.ops_provider, kernel.device_info.kind)
+        _INDEXERS[self.k_cache.prefix] = self  # the selection op finds this layer again by its cache's name
 
     def forward(self, hidden_states: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor,
                 rotary_emb: Any) -> torch.Tensor:
@@ -115,10 +118,18 @@ class AscendIndexer(nn.Module):
         q = torch.cat([q_pe.reshape(-1, self.n_head, self.rope_dim), q_nope], dim=-1)
         k = torch.cat([k_pe.reshape(-1, self.rope_dim), k_nope], dim=-1)
         weights = weights * self.weight_scale
+        if is_compiling():
+            # the step's metadata is read when the op runs, not baked into a trace (captured graphs replay it)
+            torch.ops.ascend_kernel.sfa_indexer_select(q, k, weights, self.topk_indices_buffer, self.k_cache.prefix)
+        else:
+            self.select(q, k, weights)
+        return self.topk_indices_buffer
 
+    def select(self, q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor) -> None:
+        """Write this step's keys to the indexer cache and its selection into ``topk_indices_buffer``."""
         metadata = _layer_metadata(self.k_cache.prefix)
         if metadata is None:  # profile / dummy run: no cache, nothing to select
-            return self.topk_indices_buffer
+            return
         cache = self.k_cache.kv_cache.unsqueeze(2)  # [blocks, block_size, 1, head_dim]
         n = metadata.num_actual_tokens
         self.ops.write_cache(k[:n].unsqueeze(1), cache, metadata.slot_mapping[:n])
@@ -128,7 +139,25 @@ class AscendIndexer(nn.Module):
                                               self.topk_tokens)
         self.topk_indices_buffer[:real] = selected
         self.topk_indices_buffer[real:n] = -1
-        return self.topk_indices_buffer
+
+
+#: every indexer of this process by its cache's layer name (one per MLA layer)
+_INDEXERS: dict[str, AscendIndexer] = {}
+
+
+def _select(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk_indices_buffer: torch.Tensor,
+            layer_name: str) -> None:
+    _INDEXERS[layer_name].select(q, k, weights)
+
+
+def _select_fake(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk_indices_buffer: torch.Tensor,
+                 layer_name: str) -> None:
+    return None
+
+
+define_op_once("sfa_indexer_select",
+               "Tensor q, Tensor k, Tensor weights, Tensor(a!) topk_indices_buffer, str layer_name) -> ()",
+               _select, _select_fake)
 
 
 def _layer_metadata(layer_name: str) -> Any:
