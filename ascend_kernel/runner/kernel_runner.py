@@ -151,6 +151,8 @@ class KernelRunnerMixin:
         self._select_moe_comm = moe_policy.select if getattr(moe_policy, "is_moe", True) else None
         self._kernel_outcomes: dict[int, StepOutcome] = {}
         self._kernel_idle_outcome = self._outcome_of(None)
+        idle = self._kernel_idle_outcome
+        self._kernel_dummy_outcome = StepOutcome(None, "dummy-batch", False, idle.extras, self)
         decide_facts = getattr(state_policy, "decide_facts", None)
         self._outcome_by_facts: dict[tuple[bool, bool, bool], StepOutcome] | None = None
         if decide_facts is not None:
@@ -234,11 +236,23 @@ class KernelRunnerMixin:
         method = self._select_moe_comm(num_tokens or 0, outcome.is_prefill)
         if state is not None and method is not None:
             self.kernel_trace.moe_methods[method.name] += 1
-        # dummy and profile runs (no attention state) still need a method, but are not counted
+        elif outcome is self._kernel_dummy_outcome and method is not None:
+            self.kernel_trace.count("dummy_batch_moe_methods", method.name)
+        # profile, capture and drafting passes (no attention state) still need a method, but are not counted
         return {"ascend_attn_state": state, "moe_comm_method": method}
 
+    def kernel_dummy_batch(self, run: Any) -> Any:
+        """An idle DP rank's share of a step (``run``: vLLM's dummy batch), published and counted as such."""
+        LIVE.outcome = self._kernel_dummy_outcome
+        self.kernel_trace.count("dummy_batches", "total")
+        try:
+            return run()
+        finally:
+            LIVE.outcome = self._kernel_idle_outcome
+
     def _dummy_run(self, *args: Any, **kwargs: Any):
-        self._kernel_idle()
+        if LIVE.outcome is not self._kernel_dummy_outcome:
+            self._kernel_idle()
         return super()._dummy_run(*args, **kwargs)  # type: ignore[misc]
 
     def _sample(self, logits: Any, spec_decode_metadata: Any):

@@ -12,10 +12,11 @@ from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
 
 from ascend_kernel.device import Device
+from ascend_kernel.worker.dummy_batch import KernelDummyBatchMixin
 from ascend_kernel.worker.report import KernelReportMixin
 
 
-class KernelNPUWorker(KernelReportMixin, Worker):
+class KernelNPUWorker(KernelDummyBatchMixin, KernelReportMixin, Worker):
     def init_device(self) -> None:
         from vllm.platforms import current_platform
 

@@ -324,3 +324,28 @@ def test_dp2_with_expert_parallel_moe_answers_equal_transformers(dp_expert_paral
         # every rank's experts received rows, under the methods the CPU policy picks with EP
         assert set(trace["moe_tokens"]) == {"naive_multicast", "allgather"}, trace
         assert all(n > 0 for n in trace["moe_tokens"].values()), trace
+
+
+def test_idle_dp_rank_runs_dummy_batches_that_publish_a_moe_method(dp_expert_parallel):
+    """One request alone: the other DP rank has nothing scheduled, yet joins every MoE collective of the busy
+    rank's steps with vLLM's dummy batches; each publishes a comm method and is counted as a dummy batch."""
+    import openai
+
+    server, model = dp_expert_parallel
+    before = {r["dp_rank"]: r["trace"] for r in report(server)["ranks"]}
+    with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=300) as api:
+        answer = api.completions.create(model=str(model), prompt=PROMPTS[0], **GREEDY)
+    assert answer.choices[0].token_ids == hf_greedy(model, [answer.choices[0].prompt_token_ids], MAX_TOKENS)[0]
+    after = {r["dp_rank"]: r["trace"] for r in report(server)["ranks"]}
+
+    def dummies(trace: dict[str, Any]) -> int:
+        return trace.get("dummy_batches", {}).get("total", 0)
+
+    busy = [rank for rank in after if after[rank]["steps"] > before[rank]["steps"]]
+    assert len(busy) == 1, (before, after)
+    (idle,) = set(after) - set(busy)
+    new_steps = after[busy[0]]["steps"] - before[busy[0]]["steps"]
+    assert after[idle]["steps"] == before[idle]["steps"]  # nothing scheduled on the idle rank
+    assert dummies(after[idle]) - dummies(before[idle]) >= new_steps - 1, (before[idle], after[idle])
+    methods = after[idle].get("dummy_batch_moe_methods", {})
+    assert sum(methods.values()) > 0 and set(methods) <= {"naive_multicast", "allgather"}, after[idle]
