@@ -177,10 +177,10 @@ def running(api: LocalServer, headless: HeadlessNode, what: str, headless_stop_s
         headless.stop(timeout_s=headless_stop_s)
 
 
-def two_node_deployment(model: Path, logs: Path) -> tuple[LocalServer, HeadlessNode]:
+def two_node_deployment(model: Path, logs: Path, *extra: str) -> tuple[LocalServer, HeadlessNode]:
     """API node (DP rank 0) and ``--headless`` node (DP rank 1), not started; a 10 s engine-liveness timeout."""
     dp = ["--data-parallel-size", "2", "--data-parallel-size-local", "1",
-          "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(free_port())]
+          "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(free_port()), *extra]
     liveness = {"ASCEND_KERNEL_ENGINE_LIVENESS_TIMEOUT_S": str(faults.LIVENESS_TIMEOUT_S)}
     headless = HeadlessNode([*CLI, "serve", str(model), *SERVE_ARGS, *dp, "--headless",
                              "--data-parallel-start-rank", "1"], {**server_env("1"), **liveness}, logs / "node1.log")
@@ -210,7 +210,9 @@ def test_two_nodes_on_loopback_answer_like_transformers_and_api_node_reports_bot
 
 def test_killed_headless_node_fails_open_requests_within_bound_and_a_restart_serves(two_nodes, tiny_llama,
                                                                                     tmp_path, capsys):
-    """Runs after the test above, on the same deployment (it kills the headless node: keep it last here)."""
+    """Runs after the test above, on the same deployment (it kills the headless node: keep it last here).
+
+    The restart is two fresh nodes serving Qwen2-MoE with ``--enable-expert-parallel``: DP + EP across nodes."""
     api, headless = two_nodes
     server_process = api.process
     assert faults.health(api) == 200
@@ -242,11 +244,18 @@ def test_killed_headless_node_fails_open_requests_within_bound_and_a_restart_ser
     with capsys.disabled():
         print(f"\n[fault bound] {len(failed)}/8 requests failed; all ended {ended:.1f} s after the kill; API node "
               f"exited after {exited:.1f} s, its processes gone after {gone:.1f} s; /health: {sorted(map(str, set(answers)))}")
-    # a restart (both nodes, fresh) serves again
-    api, headless = two_node_deployment(tiny_llama, tmp_path)
+    # a restart (both nodes, fresh) serves again; it also serves a MoE model with expert parallelism, the EP group
+    # spanning the two nodes: each node's experts receive rows through the kernel's comm methods
+    from ascend_kernel.models import create_tiny_model
+
+    moe = create_tiny_model("qwen2_moe", tmp_path / "qwen2_moe")
+    api, headless = two_node_deployment(moe, tmp_path, "--enable-expert-parallel")
     with running(api, headless, "restarted headless node", headless_stop_s=2):
-        check_answers(api, tiny_llama)
-        check_report_has_both_ranks(api)
+        check_answers(api, moe)
+        for entry in check_report_has_both_ranks(api)["ranks"]:
+            trace = entry["trace"]
+            assert set(trace["moe_tokens"]) == {"naive_multicast", "allgather"}, trace
+            assert all(n > 0 for n in trace["moe_tokens"].values()), trace
 
 
 # -- tensor parallelism across two "nodes" (vLLM's --nnodes/--node-rank, MP executor) ------------------------
