@@ -51,7 +51,13 @@ async def stream(api: Any, model: str, prompt: str, started: asyncio.Semaphore) 
         return "error", f"{type(exc).__name__}: {exc}", time.monotonic()
 
 
-async def kill_mid_load(api_node: LocalServer, headless: Any, model: str, api_key: str) -> tuple[float, list]:
+def kill_group(process: Any) -> Any:
+    """A kill of ``process``'s whole process group (a node that loses power)."""
+    return lambda: os.killpg(process.pid, signal.SIGKILL)
+
+
+async def kill_mid_load(api_node: LocalServer, kill: Any, model: str, api_key: str) -> tuple[float, list]:
+    """Eight streams; once each has a token, ``kill()``; returns when it happened and each stream's outcome."""
     from openai import AsyncOpenAI
 
     async with AsyncOpenAI(base_url=f"{api_node.base_url}/v1", api_key=api_key, max_retries=0,
@@ -61,5 +67,5 @@ async def kill_mid_load(api_node: LocalServer, headless: Any, model: str, api_ke
         for _ in tasks:
             await asyncio.wait_for(started.acquire(), timeout=120)
         killed_at = time.monotonic()
-        os.killpg(headless.process.pid, signal.SIGKILL)
+        kill()
         return killed_at, await asyncio.gather(*tasks)

@@ -216,7 +216,8 @@ def test_killed_headless_node_fails_open_requests_within_bound_and_a_restart_ser
     api, headless = two_nodes
     server_process = api.process
     assert faults.health(api) == 200
-    killed_at, outcomes = asyncio.run(faults.kill_mid_load(api, headless, str(tiny_llama), API_KEY))
+    killed_at, outcomes = asyncio.run(faults.kill_mid_load(api, faults.kill_group(headless.process), str(tiny_llama),
+                                                                API_KEY))
     ended = max(t for _, _, t in outcomes) - killed_at
     failed = [detail for kind, detail, _ in outcomes if kind == "error"]
     # the killed engine's requests fail with vLLM's dead-engine error (not the client's timeout), in time

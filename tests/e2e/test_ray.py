@@ -174,5 +174,48 @@ def test_serve_tp2_on_a_two_node_ray_cluster_answers_like_transformers(ray_clust
             report = json.loads(answer.read())
         check_tp_ranks(report["ranks"])
         check_workers_on_both_nodes(ray_cluster, before)
+        kill_a_ray_worker_mid_load(server, str(tiny_llama))
     finally:
         server.stop()
+    # a restart on the same cluster serves again (the killed worker's bundle went back to Ray)
+    server = LocalServer([*CLI, "serve", str(tiny_llama), *args], ray_env(RAY_ADDRESS=ray_cluster["address"]),
+                         tmp_path / "restart.log", api_key=API_KEY)
+    server.start(timeout_s=ENGINE_TIMEOUT_S)
+    try:
+        answers = asyncio.run(complete_all())
+        prompt_ids = [a.choices[0].prompt_token_ids for a in answers]
+        assert [a.choices[0].token_ids for a in answers] == hf_greedy(tiny_llama, prompt_ids, MAX_TOKENS)
+    finally:
+        server.stop()
+
+
+def ray_worker_pids() -> list[int]:
+    """The kernel's Ray worker actors on this host (Ray titles an actor's process after its class)."""
+    found = subprocess.run(["pgrep", "-f", "KernelCpuRayWorkerProc"], capture_output=True, text=True).stdout
+    return [int(p) for p in found.split()]
+
+
+def kill_a_ray_worker_mid_load(server: LocalServer, model: str) -> None:
+    """SIGKILL one TP worker while eight streams run: every open request fails in bounded time (vLLM's engine
+    core sees the actor die), /health stops saying 200, and the server does not run on."""
+    from tests.e2e import faults
+
+    pids = ray_worker_pids()
+    assert len(pids) >= 2, pids
+
+    victim = pids[-1]  # one worker's process only: its process group is its Ray node's
+    killed_at, outcomes = asyncio.run(faults.kill_mid_load(server, lambda: os.kill(victim, signal.SIGKILL), model,
+                                                           API_KEY))
+    ended = max(t for _, _, t in outcomes) - killed_at
+    failed = [detail for kind, detail, _ in outcomes if kind == "error"]
+    # TP: every request open at the kill needs both ranks (with --max-num-seqs 4 the first four may be done)
+    assert failed and all(kind == "error" for kind, _, t in outcomes if t > killed_at), outcomes
+    assert ended < faults.BOUND_S, outcomes
+    answers = []
+    while server.process.poll() is None and time.monotonic() - killed_at < faults.BOUND_S:
+        answers.append(faults.health(server))
+        time.sleep(0.25)
+    assert 200 not in answers and set(answers) <= {503, "refused"}, answers
+    assert server.process.poll() is not None, "the server still runs after its Ray worker died"
+    print(f"\n[ray worker fault] {len(failed)}/{len(outcomes)} requests failed, all within {ended:.1f} s of the "
+          f"kill; server exited after {time.monotonic() - killed_at:.1f} s; /health {sorted(map(str, set(answers)))}")
