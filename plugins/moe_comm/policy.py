@@ -123,7 +123,9 @@ class AscendMoECommPolicy:
     def describe(self) -> dict[str, Any]:
         methods = self.selector.table if self.selector is not None else {}
         return {"methods": {name: m.describe() for name, m in sorted(methods.items())},
-                "forced": self.selector.forced if self.selector is not None else None}
+                "forced": self.selector.forced if self.selector is not None else None,
+                # the rules' inputs: the EP world spans the DP ranks (world_size_across_dp)
+                "expert_parallel": self.expert_parallel, "world_size": self.world_size}
 
     @classmethod
     def from_context(cls, ctx: Any) -> "AscendMoECommPolicy":

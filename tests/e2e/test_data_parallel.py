@@ -328,12 +328,14 @@ def dp_expert_parallel(request, tmp_path_factory) -> Any:
 def test_dp2_with_expert_parallel_moe_answers_equal_transformers(dp_expert_parallel):
     server, model = dp_expert_parallel
     check_answers(server, model)
-    ranks = check_report_has_both_ranks(server)["ranks"]
-    for entry in ranks:
+    merged = check_report_has_both_ranks(server)
+    for entry in merged["ranks"]:
         trace = entry["trace"]
         # every rank's experts received rows, under the methods the CPU policy picks with EP
         assert set(trace["moe_tokens"]) == {"naive_multicast", "allgather"}, trace
         assert all(n > 0 for n in trace["moe_tokens"].values()), trace
+    # the policy's rules see the EP world across both DP ranks (2), not one engine's (1)
+    assert merged["moe_comm"]["world_size"] == 2 and merged["moe_comm"]["expert_parallel"], merged["moe_comm"]
 
 
 def test_idle_dp_rank_runs_dummy_batches_that_publish_a_moe_method(dp_expert_parallel):
