@@ -257,7 +257,8 @@ def test_cpu_graph_refuses_mla_on_vllms_cpu_mla_backend():
     from ascend_kernel_plugins.graph.cpu_graph import cpu_graph_supported
 
     def ctx(use_mla: bool, backend: str, capture: str = "auto") -> SimpleNamespace:
-        config = SimpleNamespace(model_config=SimpleNamespace(enforce_eager=False, use_mla=use_mla),
+        model = SimpleNamespace(enforce_eager=False, use_mla=use_mla, hf_text_config=SimpleNamespace())
+        config = SimpleNamespace(model_config=model,
                                  compilation_config=SimpleNamespace(cudagraph_capture_sizes=[1, 2, 4]))
         return SimpleNamespace(device=SimpleNamespace(kind="cpu"), vllm_config=config,
                                settings=SimpleNamespace(attention_backend=backend, graph_capture_mode=capture))

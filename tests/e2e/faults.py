@@ -56,15 +56,17 @@ def kill_group(process: Any) -> Any:
     return lambda: os.killpg(process.pid, signal.SIGKILL)
 
 
-async def kill_mid_load(api_node: LocalServer, kill: Any, model: str, api_key: str) -> tuple[float, list]:
-    """Eight streams; once each has a token, ``kill()``; returns when it happened and each stream's outcome."""
+async def kill_mid_load(api_node: LocalServer, kill: Any, model: str, api_key: str,
+                        running: int = 8) -> tuple[float, list]:
+    """Eight streams; once ``running`` of them have a token (a server that runs fewer at once queues the rest),
+    ``kill()``; returns when it happened and each stream's outcome."""
     from openai import AsyncOpenAI
 
     async with AsyncOpenAI(base_url=f"{api_node.base_url}/v1", api_key=api_key, max_retries=0,
                            timeout=300) as api:
         started = asyncio.Semaphore(0)
         tasks = [asyncio.create_task(stream(api, model, f"Request {i} starts with", started)) for i in range(8)]
-        for _ in tasks:
+        for _ in range(running):
             await asyncio.wait_for(started.acquire(), timeout=120)
         killed_at = time.monotonic()
         kill()

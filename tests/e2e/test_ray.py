@@ -196,8 +196,8 @@ def ray_worker_pids() -> list[int]:
 
 
 def kill_a_ray_worker_mid_load(server: LocalServer, model: str) -> None:
-    """SIGKILL one TP worker while eight streams run: every open request fails in bounded time (vLLM's engine
-    core sees the actor die), /health stops saying 200, and the server does not run on."""
+    """SIGKILL one TP worker while four streams run and four wait: every open request fails in bounded time
+    (vLLM's engine core sees the actor die), /health stops saying 200, and the server does not run on."""
     from tests.e2e import faults
 
     pids = ray_worker_pids()
@@ -205,10 +205,10 @@ def kill_a_ray_worker_mid_load(server: LocalServer, model: str) -> None:
 
     victim = pids[-1]  # one worker's process only: its process group is its Ray node's
     killed_at, outcomes = asyncio.run(faults.kill_mid_load(server, lambda: os.kill(victim, signal.SIGKILL), model,
-                                                           API_KEY))
+                                                           API_KEY, running=4))  # --max-num-seqs 4: 4 queued
     ended = max(t for _, _, t in outcomes) - killed_at
     failed = [detail for kind, detail, _ in outcomes if kind == "error"]
-    # TP: every request open at the kill needs both ranks (with --max-num-seqs 4 the first four may be done)
+    # TP: every request open at the kill (four running, four queued) needs both ranks: all fail
     assert failed and all(kind == "error" for kind, _, t in outcomes if t > killed_at), outcomes
     assert ended < faults.BOUND_S, outcomes
     answers = []
