@@ -215,3 +215,33 @@ def test_cpu_config_hook_knows_sparse_models_go_to_the_ascend_backend(tmp_path, 
     changes = {c.path for c in mla_cpu_fixups(sparse, cpu_backend_choice("auto", sparse))}
     assert "attention_config.backend" not in changes and sparse.attention_config.backend is None
     assert "compilation_config.custom_ops" in changes
+
+
+def test_inductor_compiles_run_without_the_peak_memory_reorder(llama_dir):
+    """vLLM's compilation gets the override (recorded once); a user's own value and non-inductor configs stand."""
+    from vllm.config import CompilationMode
+
+    from ascend_kernel_plugins.graph.inductor_fixups import compilation_fixups, kernel_inductor_options
+
+    cfg = config(llama_dir)
+    cfg.compilation_config.mode, cfg.compilation_config.backend = CompilationMode.DYNAMO_TRACE_ONCE, "inductor"
+    cfg.compilation_config.inductor_compile_config = {"dce": True}
+    [change] = compilation_fixups(cfg)
+    assert cfg.compilation_config.inductor_compile_config == {"dce": True, "reorder_for_peak_memory": False}
+    assert change.path == "compilation_config.inductor_compile_config" and "reorder" in change.reason
+    assert compilation_fixups(cfg) == []  # idempotent
+
+    cfg.compilation_config.inductor_compile_config = {"reorder_for_peak_memory": True}
+    assert compilation_fixups(cfg) == [] and cfg.compilation_config.inductor_compile_config == {
+        "reorder_for_peak_memory": True}
+    for mode, backend in ((CompilationMode.NONE, "inductor"), (CompilationMode.DYNAMO_TRACE_ONCE, "eager")):
+        cfg.compilation_config.mode, cfg.compilation_config.backend = mode, backend
+        cfg.compilation_config.inductor_compile_config = {}
+        assert compilation_fixups(cfg) == [] and cfg.compilation_config.inductor_compile_config == {}
+
+    import torch._inductor.config as inductor_config
+
+    before = inductor_config.reorder_for_peak_memory
+    with kernel_inductor_options():
+        assert inductor_config.reorder_for_peak_memory is False
+    assert inductor_config.reorder_for_peak_memory == before

@@ -34,11 +34,12 @@ def ascend_kernel_graph_modes() -> list[Implementation]:
 
 @hookimpl
 def ascend_kernel_configure(settings: Any, vllm_config: Any, device: Any):
-    from ascend_kernel_plugins.graph import cpu_graph, modes
+    from ascend_kernel_plugins.graph import cpu_graph, inductor_fixups, modes
 
     if device.kind == "npu":
         return modes.resolve_npu_graph_config(vllm_config, settings.graph_capture_mode)
+    changes = []
     if settings.forced("graph_mode") == cpu_graph.NAME:
-        return cpu_graph.resolve_cpu_graph_config(vllm_config, settings.graph_capture_sizes,
-                                                  cpu_graph.chosen_capture_mode(settings))
-    return None
+        changes += cpu_graph.resolve_cpu_graph_config(vllm_config, settings.graph_capture_sizes,
+                                                      cpu_graph.chosen_capture_mode(settings))
+    return changes + inductor_fixups.compilation_fixups(vllm_config)

@@ -141,13 +141,19 @@ def _compile_static(target: Callable[..., Any], args: tuple[Any, ...], kwargs: d
         if backend == "inductor":
             from torch._inductor import standalone_compile
 
-            return standalone_compile(target, list(args), dynamic_shapes="from_example_inputs")
+            from ascend_kernel_plugins.graph.inductor_fixups import kernel_inductor_options
+
+            with kernel_inductor_options():
+                return standalone_compile(target, list(args), dynamic_shapes="from_example_inputs")
         return torch.compile(target, backend=backend, dynamic=False)
     if isinstance(target, torch.nn.Module):  # the whole model (full_decode_only): its graph, called without Dynamo
         from ascend_kernel_plugins.graph.whole_model import compile_whole_model
 
         return compile_whole_model(target, args, kwargs, backend)
-    return torch.compile(target, backend=backend, dynamic=False, fullgraph=True)
+    from ascend_kernel_plugins.graph.inductor_fixups import OVERRIDES
+
+    options = dict(OVERRIDES) if backend == "inductor" else None
+    return torch.compile(target, backend=backend, dynamic=False, fullgraph=True, options=options)
 
 
 class StaticShapeWrapper(PieceWrapper):

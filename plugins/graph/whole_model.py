@@ -121,7 +121,10 @@ def compile_whole_model(model: torch.nn.Module, args: tuple[Any, ...], kwargs: d
     if backend == "inductor":
         from torch._inductor import standalone_compile
 
-        compiled = standalone_compile(gm, inputs, dynamic_shapes="from_example_inputs")
+        from ascend_kernel_plugins.graph.inductor_fixups import kernel_inductor_options
+
+        with kernel_inductor_options():
+            compiled = standalone_compile(gm, inputs, dynamic_shapes="from_example_inputs")
     else:
         compiled = torch.compile(gm, backend=backend, dynamic=False)
     n_call = len(call_tensors)

@@ -199,10 +199,6 @@ def test_full_decode_only_speculation_replays_verification_batches(tiny_llama, t
     assert graph["captured_sizes"] == [3, 6] and graph["replays"].get("6", 0) > 0, graph
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug, not yet localised: the tiny DeepSeek-V3 (MTP) model compiled whole by inductor gives other greedy "
-    "tokens than eager from the third token on (so does vLLM's default compilation with the kernel); Dynamo with "
-    "the eager backend, piecewise cpu-graph and DeepSeek-V2 are exact. See the README's graph-capture section."))
 def test_full_decode_only_mtp_on_mla(tmp_path_factory):
     """DeepSeek's MTP layer drafts one token; every verification batch (2 tokens per request, the Ascend MLA
     backend) replays the whole model, the MoE layers' routed experts included."""

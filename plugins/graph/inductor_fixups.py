@@ -1,0 +1,57 @@
+"""Inductor options every compile the kernel drives runs with: the peak-memory reorder is off.
+
+Why: on torch 2.13 inductor's peak-memory pass (``reorder_for_peak_memory``)
+can move a kernel that *reads* a buffer ahead of the extern op that *writes*
+it, when that op returns nothing and mutates its first argument. vLLM-CPU's
+linear layers are such ops (``_C::onednn_mm(Tensor(a!) c, ...) -> ()``, into a
+fresh ``torch.empty``). Measured here on the tiny DeepSeek-V3 (sigmoid
+grouped top-k routing): the router's sigmoid was scheduled before the gate's
+matmul wrote its output, so routing read uninitialised memory and greedy
+tokens left transformers' from the first decode step; with the pass off they
+are exact, under vLLM's default compilation and the kernel's cpu-graph
+artifacts alike. The pass only reorders for memory (the generated compute is
+the same), so turning it off costs at most a higher peak of activations.
+
+Stock vLLM-CPU runs the same pass; whether a model trips it depends on the
+order the pass picks, so the kernel does not wait for a model to show it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from ascend_kernel.config_changes import ConfigChange, change
+
+#: inductor options (``torch._inductor.config`` names) the kernel's compiles override, with the value
+OVERRIDES: dict[str, Any] = {"reorder_for_peak_memory": False}
+REASON = ("inductor's peak-memory reorder can run a read before an extern op's write into the buffer "
+          "(vLLM-CPU's onednn_mm): wrong tokens on DeepSeek-V3 routing")
+
+
+def compilation_fixups(vllm_config: Any) -> list[ConfigChange]:
+    """vLLM's own compilation (Dynamo once, then inductor) gets :data:`OVERRIDES` in its inductor options.
+
+    Nothing changes when vLLM does not compile, or compiles with another backend.
+    """
+    from vllm.config import CompilationMode
+
+    compilation = vllm_config.compilation_config
+    if compilation.mode == CompilationMode.NONE or compilation.backend != "inductor":
+        return []
+    options = dict(compilation.inductor_compile_config)
+    wanted = {**options, **{k: v for k, v in OVERRIDES.items() if k not in options}}
+    if wanted == options:
+        return []  # set already (by the user, whose value stands, or by an earlier pass)
+    updated = change(vllm_config, "compilation_config.inductor_compile_config", wanted, REASON)
+    return [updated] if updated is not None else []
+
+
+@contextlib.contextmanager
+def kernel_inductor_options() -> Iterator[None]:
+    """Inductor's config with :data:`OVERRIDES`, around a compile the kernel runs itself (cpu-graph artifacts)."""
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(OVERRIDES):
+        yield
