@@ -155,6 +155,7 @@ def check_states(run: dict, *states: str) -> dict:
     backend = next(d for d in report["decisions"] if d["family"] == "attention_backend")
     assert backend["chosen"] == "ascend"
     assert report["model_patches"] == ["vllm.model_executor.models.deepseek_v2.Indexer",
+                                       "vllm.model_executor.layers.mla.MLAAttention",
                                        "vllm.model_executor.layers.fused_moe.UnquantizedFusedMoEMethod"]
     seen = report["trace"]["attention_states"]
     for state in states:
@@ -228,11 +229,15 @@ def test_tensor_parallel_heads_share_one_replicated_indexer(tiny_v32, sparse_ora
     check_states(run, "PrefillNoCache", "DecodeOnly")
 
 
-def test_sparse_attention_between_captured_pieces(tiny_v32):
-    """SFA (indexer, sparse MQA decode, its own cache layout) runs between cpu-graph's captured pieces: three
-    requests decode as a batch padded to the captured 4, tokens equal dense transformers (all within index_topk)."""
-    run = generate(tiny_v32, "--graph-mode", "cpu-graph", "--capture-sizes", "4",
+@pytest.mark.parametrize("capture_mode", ["piecewise", "full_decode_only"])
+def test_sparse_attention_under_cpu_graph(tiny_v32, capture_mode):
+    """SFA (indexer, sparse MQA decode, its own cache layout) under both cpu-graph modes: between captured pieces,
+    and inside one whole-model artifact per size (the indexer's selection is an opaque op that reads the step's
+    metadata when it runs). Three requests decode as a batch padded to the captured 4; tokens equal dense
+    transformers (all within index_topk)."""
+    run = generate(tiny_v32, "--graph-mode", "cpu-graph", "--graph-capture-mode", capture_mode, "--capture-sizes", "4",
                    env=clean_env(ASCEND_KERNEL_DEVICE="cpu"), max_tokens=MAX_TOKENS)
+    assert run["report"]["graph"]["capture_mode"] == capture_mode
     ids = [o["prompt_token_ids"] for o in run["outputs"]]
     oracle = hf_greedy(tiny_v32, ids, MAX_TOKENS)
     assert tokens(run) == oracle, divergence_report(tiny_v32, ids, tokens(run), oracle)

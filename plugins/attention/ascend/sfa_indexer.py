@@ -171,9 +171,12 @@ def _layer_metadata(layer_name: str) -> Any:
 
 
 def install() -> list[str]:
-    """Make vLLM's DeepSeek-V2/V3 model module build :class:`AscendIndexer`; returns what was replaced."""
+    """Make vLLM's DeepSeek-V2/V3 model module build :class:`AscendIndexer` (and its MLA layers read the
+    selection after it is made: :mod:`.sfa_order`); returns what was replaced."""
     from vllm.model_executor.models import deepseek_v2
+
+    from ascend_kernel_plugins.attention.ascend import sfa_order
 
     if deepseek_v2.Indexer is not AscendIndexer:
         deepseek_v2.Indexer = AscendIndexer
-    return ["vllm.model_executor.models.deepseek_v2.Indexer"]
+    return ["vllm.model_executor.models.deepseek_v2.Indexer", *sfa_order.install()]
