@@ -18,8 +18,9 @@ Semantics, as on the device:
 * params an op holds by value (``ascend_kernel.ops.graph_ops.HOST_PARAMS``,
   e.g. paged attention's sequence lengths) are snapshotted when the task is
   issued and a replay runs with the snapshot, as the device does;
-* a task group marks the tasks issued inside it; an update re-issues its ops
-  (recorded, not run) and replaces the group's tasks, which must be the same ops.
+* a task group marks the tasks issued inside it (on the capturing stream;
+  ``graph.groups`` lists them); an update re-issues its ops (recorded, not
+  run) and replaces the group's tasks, which must be the same ops.
 
 Stricter than the device on purpose: a replay whose held value differs from
 the tensor it was issued from (the batch's lengths changed in place and no
@@ -165,6 +166,8 @@ class StandinGraph:
         self.stream: Stream | None = None
         self.captured = False
         self.replays = 0
+        #: the task groups marked in this graph, in capture order
+        self.groups: list[TaskGroupHandle] = []
 
     def replay(self) -> None:
         if not self.captured:
@@ -234,10 +237,13 @@ class RecordingGraphDevice:
         graph = self._capturing
         if graph is None:
             raise CaptureError("a task group is marked inside a graph capture")
+        if stream != graph.stream:
+            raise CaptureError(f"a task group is marked on the capturing stream {graph.stream!r}, not {stream!r}")
         group = GraphTaskGroup()
         start = len(graph.tasks)
         yield group
         group.handle = TaskGroupHandle(graph, start, len(graph.tasks))
+        graph.groups.append(group.handle)
 
     @contextlib.contextmanager
     def graph_task_update(self, group: GraphTaskGroup, stream: Any) -> Iterator[None]:

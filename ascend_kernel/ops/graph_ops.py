@@ -7,6 +7,9 @@ values, not their address, and a replay reuses them until the task's params
 are updated (``Device.graph_task_update``). ``paged_attention_out`` writes into
 a given buffer (the captured output), so a re-issued update lands where the
 graph reads it; registered as one torch op, it is one task to a recorder.
+The cache write a decode graph replays each step (``reshape_and_cache``) is
+one registered op for the same reason: one kernel on the device, and one
+task to a recorder, whose padding slots are skipped inside it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,11 @@ from __future__ import annotations
 PAGED_ATTENTION_OUT_SCHEMA = ("Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_table, "
                               "Tensor context_lens, float scale, int num_heads, int num_kv_heads, "
                               "Tensor(a!) out, Tensor? workspace) -> ()")
+
+#: schema of ``ascend_kernel::reshape_and_cache``: the K/V cache write, one task that reads the slots by address
+#: (a padded batch's negative slots are skipped inside it, so its work depends on the data, not its shape)
+RESHAPE_AND_CACHE_SCHEMA = ("Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+                            "Tensor slot_mapping) -> ()")
 
 #: op -> the params a captured task holds by value (read on the host when the task is built)
 HOST_PARAMS: dict[str, tuple[str, ...]] = {"ascend_kernel::paged_attention_out": ("context_lens",)}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ascend_kernel.ops.graph_ops import PAGED_ATTENTION_OUT_SCHEMA, no_result
+from ascend_kernel.ops.graph_ops import PAGED_ATTENTION_OUT_SCHEMA, RESHAPE_AND_CACHE_SCHEMA, no_result
 from ascend_kernel.ops.mc2_npu import TorchNpuMC2Ops
 from ascend_kernel.ops.moe_npu import TorchNpuMoEOps
 from ascend_kernel.ops.opaque import seam_op
@@ -22,6 +22,7 @@ class TorchNpuOps(TorchNpuMoEOps, TorchNpuMC2Ops):
 
         self._npu = torch_npu
 
+    @seam_op("reshape_and_cache", RESHAPE_AND_CACHE_SCHEMA, no_result)
     def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
         self._npu._npu_reshape_and_cache(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
                                          slot_indices=slot_mapping.to(torch.int32))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ascend_kernel.ops.graph_ops import PAGED_ATTENTION_OUT_SCHEMA, no_result
+from ascend_kernel.ops.graph_ops import PAGED_ATTENTION_OUT_SCHEMA, RESHAPE_AND_CACHE_SCHEMA, no_result
 from ascend_kernel.ops.mc2_reference import ReferenceMC2Ops
 from ascend_kernel.ops.moe_reference import ReferenceMoEOps
 from ascend_kernel.ops.opaque import seam_op
@@ -41,6 +41,7 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torc
 class ReferenceOps(ReferenceMoEOps, ReferenceMC2Ops):
     name = "reference"
 
+    @seam_op("reshape_and_cache", RESHAPE_AND_CACHE_SCHEMA, no_result)
     def reshape_and_cache(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                           value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Write token ``i``'s K/V ([T, kv_heads, d]) to slot ``slot_mapping[i]`` of the caches."""

@@ -15,6 +15,15 @@ recorded at capture and compared before each replay (a moved input raises
 :class:`MovedInputError` naming it; vLLM checks this only in debug mode), since
 a replay reads whatever lies at the captured address.
 
+FULL graphs (FULL / FULL_DECODE_ONLY) hold attention, whose Ascend kernels read
+the sequence lengths on the host when their task is built. So a FULL wrapper
+publishes its capture (:func:`~ascend_kernel_plugins.graph.capture_session.full_capture`:
+device, graph, stream) while the runnable runs, for the attention impl to
+issue updatable task groups into, and before every FULL replay lets the
+device's replay preparers re-issue those tasks with the pass's lengths
+(:func:`~ascend_kernel_plugins.graph.capture_session.prepare_replay`). A
+PIECEWISE wrapper does neither: attention runs eagerly between its pieces.
+
 Not run on an NPU: the real calls follow torch_npu's documented signatures
 (``NPUGraph()``, ``torch.npu.graph(graph, pool=, stream=)``, ``replay()``).
 """
@@ -27,6 +36,7 @@ from typing import Any, Callable
 
 from torch.utils._pytree import tree_map
 
+from ascend_kernel_plugins.graph.capture_session import forget_graph, full_capture, prepare_replay
 from ascend_kernel_plugins.graph.piece_wrapper import (MovedInputError, PieceWrapper, check_input_addresses,
                                                       gc_collect_skipped, input_addresses, piece_input_names)
 
@@ -82,9 +92,19 @@ class AclGraphWrapper(PieceWrapper):
             self.graph_pool = _POOLS[device]
         self.entries: dict[Any, AclEntry] = {}
         self.input_names = piece_input_names(runnable)
+        self.full = runtime_mode == CUDAGraphMode.FULL
+
+    def clear_graphs(self) -> None:
+        for entry in self.entries.values():
+            forget_graph(self.device, entry.graph)
+        super().clear_graphs()
 
     def _replay(self, entry: AclEntry, descriptor: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         check_input_addresses(entry.addresses, args, self.input_names, descriptor, kwargs)
+        if self.full:  # host-held task params (attention's lengths) re-issued for this pass, then the replay
+            from vllm.forward_context import get_forward_context
+
+            prepare_replay(self.device, entry.graph, get_forward_context())
         entry.graph.replay()
         entry.replays += 1
         return entry.output
@@ -101,7 +121,10 @@ class AclGraphWrapper(PieceWrapper):
         with ExitStack() as stack:
             if self.gc_disable:  # later pieces of one pass skip the collection the capture context runs
                 stack.enter_context(gc_collect_skipped())
-            stack.enter_context(device.graph_capture(graph, pool=self.graph_pool, stream=device.current_stream()))
+            stream = device.current_stream()
+            stack.enter_context(device.graph_capture(graph, pool=self.graph_pool, stream=stream))
+            if self.full:
+                stack.enter_context(full_capture(device, graph, stream))
             output = self.runnable(*args, **kwargs)
             if self.weak_ref_output:  # only the last piece's output may be dropped here (no piece reads it)
                 output = weak(output)

@@ -16,6 +16,13 @@ and the impl dispatches on it:
 * ``ChunkedPrefill`` / ``SpecDecoding``: write K/V, split-fuse paged
   attention with one mask row per query token.
 
+Inside an ACL FULL capture (FULL_DECODE_ONLY on an NPU: the ACL wrapper
+publishes it, vLLM's forward context names the size) the decode is issued as
+one updatable task group per layer (:mod:`.graph_params`), re-issued with each
+step's host lengths before a replay. The builder keeps those lengths in one
+host buffer it rewrites each step, padded requests at length 1
+(:mod:`.host_lengths`).
+
 The cache of a layer is vLLM's page view ``[blocks, kv_heads, block_tokens,
 2 * head_size]``; K and V are its two halves of the last dimension (the
 standard KV layout's split), seen as Ascend's ``[blocks, block_tokens,
@@ -50,8 +57,11 @@ from ascend_kernel import kernel as kernel_mod
 from ascend_kernel.ops import get_ops
 from ascend_kernel.runner.kernel_runner import current_attn_state
 from ascend_kernel.step import StepBatch
+from ascend_kernel_plugins.attention.ascend.graph_params import captured_decode
 from ascend_kernel_plugins.attention.ascend.graph_support import full_graph_support
+from ascend_kernel_plugins.attention.ascend.host_lengths import StepHostLengths, host_lengths_capacity
 from ascend_kernel_plugins.attention.states import AttentionState
+from ascend_kernel_plugins.graph.capture_session import active_full_capture
 from ascend_kernel_plugins.kv_cache.int8_bsh import INT8_KV_CACHE_DTYPE, Int8BSHCaches, bsh_parts, bsh_spec
 
 
@@ -123,6 +133,8 @@ class AscendMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
         self.masks = plan.attention_mask
         self.dtype = vllm_config.model_config.dtype
         self.host_seq_lens_exact = host_seq_lens_are_exact(vllm_config)
+        #: the step's host lengths, rewritten in place each step (what captured decode tasks were issued from)
+        self.host_lengths = StepHostLengths(host_lengths_capacity(vllm_config))
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> AscendMetadata:
@@ -136,6 +148,8 @@ class AscendMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
         n = m.num_reqs
         query_lens, seq_lens, state = step_lengths_and_state(m, self.decide_state, self.host_seq_lens_exact,
                                                              drafting)
+        if not drafting:  # a drafter's batches are its own: they must not overwrite the step's lengths
+            seq_lens = self.host_lengths.write(seq_lens)
         if state in (AttentionState.PrefillNoCache, AttentionState.PrefillCacheHit):
             mask = self.masks.mask_for(state, seq_lens, torch.empty(0), self.dtype, self.device)
         elif state is AttentionState.DecodeOnly:
@@ -259,6 +273,15 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
             self._write_int8(k, v, caches, attn_metadata.slot_mapping)
         elif writes:
             self.ops.reshape_and_cache(k, v, key_cache, value_cache, attn_metadata.slot_mapping)
+        capture = active_full_capture()
+        if capture is not None:  # recorded into an ACL FULL graph: decode as task groups updated before replays
+            if self.int8_cache:
+                raise NotImplementedError("ACL FULL graphs over int8 KV pages: the decode dequantises the blocks "
+                                          "a batch references, a data-dependent shape a graph cannot replay")
+            captured_decode(capture, self.ops, getattr(layer, "layer_name", None), q, key_cache, value_cache,
+                            block_table, attn_metadata.seq_lens, self.scale, self.num_heads, self.num_kv_heads,
+                            output[:n].view(n, self.num_heads, d))
+            return output
         if self.int8_cache and state is not AttentionState.PrefillNoCache:
             key_cache, value_cache, block_table = _dequantized_blocks(caches, block_table, q.dtype)
         if state is AttentionState.PrefillNoCache:

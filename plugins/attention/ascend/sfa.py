@@ -115,7 +115,9 @@ class AscendSFAMetadata(AttentionMetadata):
 
 
 class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    #: none on an NPU: the sparse decode reads its lengths on the host and is not re-issued between replays
+    #: (only the standard backend's paged attention is, see graph_params); uniform batches on a CPU
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
 
     @classmethod
     def get_cudagraph_support(cls, vllm_config: Any, kv_cache_spec: Any) -> AttentionCGSupport:

@@ -1,0 +1,380 @@
+"""FULL_DECODE_ONLY wired end to end: the real Ascend builder and impl inside the real ACL wrapper.
+
+A two-layer decoder calls the real :class:`AscendAttentionImpl` with the
+metadata vLLM's forward context carries for each layer, as vLLM's attention
+layer does. A small runner writes each step into persistent buffers (as
+vLLM's runner does, padded requests at length 0 and the null block) and the
+real :class:`AscendMetadataBuilder` builds the step's metadata. The model is
+wrapped in the real :class:`AclGraphWrapper` (runtime mode FULL) on the
+recording stand-in of the device graphs (``tests/graph_standin.py``) and the
+reference ops provider: captured once at the padded size, then replayed over
+steps with other sequence lengths.
+
+Oracles: the same model run eagerly (the reference paged attention) and an
+independent one, torch SDPA over each request's cached K/V gathered by its
+block table. What would break on a device is checked against the stand-in:
+a replay whose attention tasks were not re-issued with the step's lengths
+fails (``StaleTaskParamError``), as the NPU would silently use the capture's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from graph_standin import RecordingGraphDevice, StaleTaskParamError
+
+from ascend_kernel_plugins.attention.states import AttentionState
+
+H, KVH, D, BLOCK, MAX_BLOCKS, N = 4, 2, 16, 16, 4, 4
+HIDDEN = H * D
+LAYERS = ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")
+#: request r owns blocks 1 + 4r .. 4 + 4r; block 0 is vLLM's null block (padding rows point there)
+TABLE = torch.arange(1, 1 + N * MAX_BLOCKS, dtype=torch.int32).view(N, MAX_BLOCKS)
+NUM_BLOCKS = 1 + N * MAX_BLOCKS
+
+
+@pytest.fixture(scope="module")
+def vllm_config(tmp_path_factory):
+    from vllm.config import ModelConfig, VllmConfig
+
+    from ascend_kernel.models import create_tiny_model
+
+    path = create_tiny_model("llama", tmp_path_factory.mktemp("model") / "llama")
+    return VllmConfig(model_config=ModelConfig(model=str(path), max_model_len=MAX_BLOCKS * BLOCK))
+
+
+@pytest.fixture
+def kernel(monkeypatch):
+    """A CPU kernel (reference ops) and no live step, as in vLLM's capture runs."""
+    from ascend_kernel import kernel as kernel_mod
+    from ascend_kernel.runner import kernel_runner
+
+    monkeypatch.setattr(kernel_mod, "_current", kernel_mod.build_kernel(kernel_mod.load_settings({}), "cpu"))
+    monkeypatch.setattr(kernel_runner.LIVE, "outcome", kernel_runner.NO_RUNNER)
+    return kernel_mod.current()
+
+
+def live_decode_step(monkeypatch):
+    """Publish a scheduled decode step, as the kernel runner does before each real step's forward."""
+    from ascend_kernel.runner import kernel_runner
+
+    step = kernel_runner.StepOutcome(AttentionState.DecodeOnly, "DecodeOnly", False, None, None)
+    monkeypatch.setattr(kernel_runner.LIVE, "outcome", step)
+
+
+def modes():
+    from vllm.config.compilation import CUDAGraphMode
+
+    return CUDAGraphMode
+
+
+@contextlib.contextmanager
+def forward(mode, metadata):
+    """The forward context vLLM's runner publishes for one pass of a uniform decode batch of N."""
+    from vllm.forward_context import BatchDescriptor, ForwardContext, override_forward_context
+
+    ctx = ForwardContext(no_compile_layers={}, attn_metadata=metadata, slot_mapping={}, cudagraph_runtime_mode=mode,
+                         batch_descriptor=BatchDescriptor(num_tokens=N, num_reqs=N, uniform=True))
+    with override_forward_context(ctx):
+        yield
+
+
+@contextlib.contextmanager
+def capturing():
+    from vllm.compilation.monitor import set_cudagraph_capturing_enabled
+
+    set_cudagraph_capturing_enabled(True)
+    try:
+        yield
+    finally:
+        set_cudagraph_capturing_enabled(False)
+
+
+class Layer:
+    """What vLLM's attention layer hands the impl about itself: its name (the key of its metadata)."""
+
+    def __init__(self, name: str) -> None:
+        self.layer_name = name
+
+
+def weights(seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [{name: torch.randn(HIDDEN, out, generator=g) / HIDDEN ** 0.5
+             for name, out in (("q", HIDDEN), ("k", KVH * D), ("v", KVH * D), ("o", HIDDEN))} for _ in LAYERS]
+
+
+def fresh_caches(seed: int = 1) -> list[torch.Tensor]:
+    """vLLM's page view per layer, [blocks, kv_heads, block tokens, 2 * head size], holding earlier tokens."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(NUM_BLOCKS, KVH, BLOCK, 2 * D, generator=g) for _ in LAYERS]
+
+
+class Decoder:
+    """Two decoder layers (projections, the real Ascend attention impl, residual); counts its Python calls."""
+
+    def __init__(self, impl, w, caches) -> None:
+        self.impl, self.w, self.caches, self.calls = impl, w, caches, 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from vllm.forward_context import get_forward_context
+
+        self.calls += 1
+        metadata = get_forward_context().attn_metadata
+        h = x
+        for name, w, cache in zip(LAYERS, self.w, self.caches):
+            out = torch.empty(h.shape[0], HIDDEN)
+            self.impl.forward(Layer(name), h @ w["q"], h @ w["k"], h @ w["v"], cache, metadata[name], out)
+            h = h + out @ w["o"]
+        return h
+
+
+class Runner:
+    """The runner's side of a step: persistent buffers written in place, metadata from the real builder."""
+
+    def __init__(self, builder) -> None:
+        self.builder = builder
+        self.x = torch.zeros(N, HIDDEN)
+        self.query_start = torch.zeros(N + 1, dtype=torch.int32)
+        self.seq_lens = torch.zeros(N, dtype=torch.int32)  # vLLM's host copy: padded requests at 0
+        self.block_table = torch.zeros(N, MAX_BLOCKS, dtype=torch.int32)
+        self.slots = torch.full((N,), -1, dtype=torch.int64)
+
+    def capture_step(self) -> dict:
+        """vLLM's capture batch: N dummy requests of length 1 on the null block, nothing written to the cache."""
+        self.query_start.copy_(torch.arange(N + 1, dtype=torch.int32))
+        self.seq_lens.fill_(1)
+        self.block_table.zero_()
+        self.slots.fill_(-1)
+        return self._build(max_seq_len=1)
+
+    def decode_step(self, lens: list[int], x: torch.Tensor) -> dict:
+        """A decode step of ``len(lens)`` requests (one new token each at position len - 1), padded to N."""
+        r = len(lens)
+        self.x.zero_()
+        self.x[:r] = x
+        self.query_start.copy_(torch.tensor(list(range(r + 1)) + [r] * (N - r), dtype=torch.int32))
+        self.seq_lens.zero_()
+        self.seq_lens[:r] = torch.tensor(lens, dtype=torch.int32)
+        self.block_table.zero_()
+        self.block_table[:r] = TABLE[:r]
+        self.slots.fill_(-1)
+        last = torch.tensor(lens) - 1
+        self.slots[:r] = (TABLE[torch.arange(r), last // BLOCK] * BLOCK + last % BLOCK).long()
+        return self._build(max_seq_len=max(lens))
+
+    def _build(self, max_seq_len: int) -> dict:
+        from vllm.v1.attention.backend import CommonAttentionMetadata
+
+        common = CommonAttentionMetadata(
+            query_start_loc=self.query_start, query_start_loc_cpu=self.query_start, seq_lens=self.seq_lens,
+            seq_lens_cpu_upper_bound=self.seq_lens, num_reqs=N, num_actual_tokens=N, max_query_len=1,
+            max_seq_len=max_seq_len, block_table_tensor=self.block_table, slot_mapping=self.slots)
+        meta = self.builder.build(0, common)
+        return {name: meta for name in LAYERS}  # one KV-cache group: every layer reads the same metadata
+
+
+def sdpa_oracle(w, caches, x: torch.Tensor, lens: list[int]) -> torch.Tensor:
+    """The real requests' outputs, by torch SDPA over each request's cached K/V.
+
+    Writes the step's K/V into ``caches`` first (plain indexing, as its own
+    copy of the cache history).
+    """
+    h = x.clone()
+    for w_l, cache in zip(w, caches):
+        q = (h @ w_l["q"]).view(-1, H, D)
+        k, v = (h @ w_l["k"]).view(-1, KVH, D), (h @ w_l["v"]).view(-1, KVH, D)
+        rows = []
+        for r, length in enumerate(lens):
+            pos = length - 1
+            block, offset = int(TABLE[r, pos // BLOCK]), pos % BLOCK
+            cache[block, :, offset, :D], cache[block, :, offset, D:] = k[r], v[r]
+            positions = torch.arange(length)
+            blocks, offsets = TABLE[r, positions // BLOCK].long(), positions % BLOCK
+            keys = cache[blocks, :, offsets, :D].repeat_interleave(H // KVH, dim=1)  # [L, H, D]
+            values = cache[blocks, :, offsets, D:].repeat_interleave(H // KVH, dim=1)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q[r].unsqueeze(1), keys.transpose(0, 1), values.transpose(0, 1), scale=D ** -0.5)  # [H, 1, D]
+            rows.append(out.reshape(HIDDEN))
+        h = h + torch.stack(rows) @ w_l["o"]
+    return h
+
+
+def make_impl():
+    from ascend_kernel_plugins.attention.ascend.backend import AscendAttentionImpl
+
+    return AscendAttentionImpl(H, D, D ** -0.5, KVH, None, None, "auto")
+
+
+def make_builder(vllm_config):
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    from ascend_kernel_plugins.attention.ascend.backend import AscendMetadataBuilder
+
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KVH, head_size=D, dtype=torch.float32)
+    return AscendMetadataBuilder(spec, list(LAYERS), vllm_config, torch.device("cpu"))
+
+
+STEPS = ([5, 17, 33], [6, 18, 34, 64])  # three requests padded to 4, then four (a block boundary crossed)
+
+
+@pytest.fixture
+def full_graph(kernel, vllm_config):
+    """The decoder captured once in a FULL ACL graph (stand-in device), plus an eager twin and the runner."""
+    from ascend_kernel_plugins.graph.acl_wrapper import AclGraphWrapper
+
+    device, impl, w = RecordingGraphDevice(), make_impl(), weights()
+    model = Decoder(impl, w, fresh_caches())
+    eager = Decoder(impl, w, fresh_caches())
+    wrapper = AclGraphWrapper(model, None, modes().FULL, device=device)
+    runner = Runner(make_builder(vllm_config))
+    with capturing(), forward(modes().FULL, runner.capture_step()):
+        wrapper(runner.x)
+    return device, impl, w, model, eager, wrapper, runner
+
+
+def run_step(monkeypatch, graph_parts, lens, x):
+    """One decode step: buffers written, metadata built, the graph replayed and the eager twin run."""
+    _, _, w, model, eager, wrapper, runner = graph_parts
+    live_decode_step(monkeypatch)
+    oracle = sdpa_oracle(w, [c.clone() for c in eager.caches], x, lens)
+    metadata = runner.decode_step(lens, x)
+    with forward(modes().FULL, metadata):
+        replayed = wrapper(runner.x).clone()
+    with forward(modes().NONE, metadata):
+        reference = eager(runner.x.clone())
+    return replayed, reference, oracle, metadata
+
+
+def test_capture_records_one_updatable_attention_task_per_layer(full_graph):
+    from ascend_kernel_plugins.attention.ascend.graph_params import decode_graph_params
+    from ascend_kernel_plugins.graph.capture_session import replay_preparers
+
+    device, impl, _, model, _, wrapper, runner = full_graph
+    (graph,) = device.graphs
+    assert model.calls == 1 and graph.captured
+    assert graph.ops().count("ascend_kernel::paged_attention_out") == 2
+    assert graph.ops().count("ascend_kernel::reshape_and_cache") == 2, "the cache write is one task per layer"
+    assert [[t.op._schema.name for t in graph.tasks[g.start:g.end]] for g in graph.groups] == \
+        [["ascend_kernel::paged_attention_out"]] * 2
+    params = decode_graph_params(device, impl.ops)
+    assert replay_preparers(device) == [params]
+    assert [t.layer_name for t in params.tasks[graph]] == list(LAYERS)
+    # vLLM captures with length-1 dummy requests, decided a fresh prefill: the capture still took the decode
+    assert runner.builder.host_lengths.buffer[:N].tolist() == [1] * N
+    assert all(t.seq_lens.data_ptr() == runner.builder.host_lengths.buffer.data_ptr() for t in params.tasks[graph])
+
+
+def test_replays_with_new_lengths_equal_eager_and_sdpa(full_graph, monkeypatch):
+    device, _, _, model, eager, _, runner = full_graph
+    gen = torch.Generator().manual_seed(2)
+    for lens in STEPS:
+        x = torch.randn(len(lens), HIDDEN, generator=gen)
+        replayed, reference, oracle, metadata = run_step(monkeypatch, full_graph, lens, x)
+        r = len(lens)
+        torch.testing.assert_close(replayed[:r], oracle, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(replayed, reference, rtol=1e-5, atol=1e-5)
+        for graph_cache, eager_cache in zip(model.caches, eager.caches):
+            torch.testing.assert_close(graph_cache, eager_cache)
+        meta = metadata[LAYERS[0]]
+        assert meta.attn_state is AttentionState.DecodeOnly
+        assert meta.seq_lens.tolist() == lens + [1] * (N - r), "padded requests read length 1 (the null block)"
+    assert model.calls == 1, "replays ran the recorded tasks, not the model's Python"
+    assert device.graphs[0].replays == len(STEPS)
+    assert device.updates == 2 * len(STEPS), "both layers' attention tasks re-issued before every replay"
+
+
+def test_a_replay_without_the_update_is_caught(full_graph, monkeypatch):
+    from ascend_kernel_plugins.attention.ascend.graph_params import decode_graph_params
+    from ascend_kernel_plugins.graph.capture_session import register_replay_preparer, unregister_replay_preparer
+
+    device, impl, *_ = full_graph
+    params = decode_graph_params(device, impl.ops)
+    gen = torch.Generator().manual_seed(3)
+    run_step(monkeypatch, full_graph, STEPS[0], torch.randn(3, HIDDEN, generator=gen))
+    unregister_replay_preparer(device, params)  # a wrapper that forgets to update before replaying
+    with pytest.raises(StaleTaskParamError) as info:
+        run_step(monkeypatch, full_graph, STEPS[1], torch.randn(4, HIDDEN, generator=gen))
+    assert "paged_attention_out" in str(info.value) and "context_lens=[5, 17, 33, 1]" in str(info.value)
+    assert device.graphs[0].replays == 1, "the stale replay ran nothing"
+    register_replay_preparer(device, params)  # updated again, the same step replays right
+    replayed, reference, oracle, _ = run_step(monkeypatch, full_graph, STEPS[1], torch.randn(4, HIDDEN, generator=gen))
+    torch.testing.assert_close(replayed, oracle, rtol=1e-4, atol=1e-4)
+
+
+def test_clearing_the_wrappers_graphs_forgets_their_tasks(full_graph):
+    from ascend_kernel_plugins.attention.ascend.graph_params import decode_graph_params
+
+    device, impl, *_, wrapper, _ = full_graph
+    params = decode_graph_params(device, impl.ops)
+    assert params.tasks
+    wrapper.clear_graphs()
+    assert params.tasks == {} and params.workspaces == {}
+
+
+def test_full_capture_refuses_what_its_lengths_would_freeze(kernel, vllm_config):
+    """A FULL capture of a batch that is not one token per request would bake its lengths in: refused."""
+    from ascend_kernel_plugins.graph.acl_wrapper import AclGraphWrapper
+
+    device, impl = RecordingGraphDevice(), make_impl()
+    wrapper = AclGraphWrapper(Decoder(impl, weights(), fresh_caches()), None, modes().FULL, device=device)
+    runner = Runner(make_builder(vllm_config))
+    metadata = runner.capture_step()
+    meta = metadata[LAYERS[0]]
+    two_per_request = {name: type(meta)(N, meta.attn_state, meta.query_lens, meta.seq_lens[:2], meta.block_table[:2],
+                                        meta.slot_mapping, None) for name in LAYERS}
+    with capturing(), forward(modes().FULL, two_per_request), pytest.raises(NotImplementedError, match="single-token"):
+        wrapper(runner.x)
+
+
+# -- PIECEWISE: attention runs eagerly between captured pieces; nothing to update -------------
+
+
+class Piece:
+    """One captured piece of a piecewise model: a pure function of its tensor inputs."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __call__(self, *tensors: torch.Tensor):
+        return self.fn(*tensors)
+
+
+def test_piecewise_runs_attention_eagerly_and_issues_no_task_updates(kernel, vllm_config, monkeypatch):
+    from ascend_kernel_plugins.graph.acl_wrapper import AclGraphWrapper
+    from ascend_kernel_plugins.graph.capture_session import replay_preparers
+
+    device, impl, w, caches = RecordingGraphDevice(), make_impl(), weights(), fresh_caches()
+    oracle_caches = [c.clone() for c in caches]
+    wrap = lambda fn: AclGraphWrapper(Piece(fn), None, modes().PIECEWISE, device=device)  # noqa: E731
+    qkv = [wrap(lambda h, w_l=w_l: (h @ w_l["q"], h @ w_l["k"], h @ w_l["v"])) for w_l in w]
+    out_proj = [wrap(lambda h, a, w_l=w_l: h + a @ w_l["o"]) for w_l in w]
+    attn_out = [torch.zeros(N, HIDDEN) for _ in LAYERS]  # attention writes in place: the next piece's input stays put
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        from vllm.forward_context import get_forward_context
+
+        metadata = get_forward_context().attn_metadata
+        h = x
+        for i, name in enumerate(LAYERS):
+            q, k, v = qkv[i](h)
+            impl.forward(Layer(name), q, k, v, caches[i], metadata[name], attn_out[i])
+            h = out_proj[i](h, attn_out[i])
+        return h
+
+    runner = Runner(make_builder(vllm_config))
+    with capturing(), forward(modes().PIECEWISE, runner.capture_step()):
+        model(runner.x)
+    live_decode_step(monkeypatch)
+    gen = torch.Generator().manual_seed(4)
+    for lens in STEPS:
+        x = torch.randn(len(lens), HIDDEN, generator=gen)
+        oracle = sdpa_oracle(w, oracle_caches, x, lens)
+        metadata = runner.decode_step(lens, x)
+        with forward(modes().PIECEWISE, metadata):
+            out = model(runner.x).clone()
+        torch.testing.assert_close(out[:len(lens)], oracle, rtol=1e-4, atol=1e-4)
+    assert len(device.graphs) == 4 and all(g.replays == len(STEPS) for g in device.graphs)
+    assert not any("ascend_kernel::paged_attention_out" in g.ops() or g.groups for g in device.graphs)
+    assert device.updates == 0 and replay_preparers(device) == []
