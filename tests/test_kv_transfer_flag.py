@@ -74,7 +74,7 @@ def test_good_configs_pass_unchanged(text):
     assert check_kv_transfer_config(text) == json.loads(text)
 
 
-def test_serve_parser_refuses_before_vllm_converts_and_passes_good_values():
+def test_serve_parser_refuses_before_vllm_converts_and_passes_good_values(tmp_path):
     """``serve``'s parser raises the kernel's error (not argparse's SystemExit) and keeps vLLM's conversion."""
     from vllm.config import KVTransferConfig
 
@@ -87,6 +87,13 @@ def test_serve_parser_refuses_before_vllm_converts_and_passes_good_values():
     # vLLM's other spellings go through the same action
     with pytest.raises(KVTransferConfigError, match="kv_role='x'"):
         root.parse_args(["serve", "M", f"--kv_transfer_config={mooncake('x')}"])
+    with pytest.raises(KVTransferConfigError, match="kv_role='y'"):
+        root.parse_args(["serve", "M", "--kv-transfer-config.kv_connector", "MooncakeConnector",
+                         "--kv-transfer-config.kv_role", "y"])
+    config_file = tmp_path / "serve.yaml"
+    config_file.write_text("kv-transfer-config:\n  kv_connector: MooncakeConnector\n  kv_role: z\n")
+    with pytest.raises(KVTransferConfigError, match="kv_role='z'"):
+        root.parse_args(["serve", "M", "--config", str(config_file)])
     args = root.parse_args(["serve", "M", "--kv-transfer-config", mooncake("kv_consumer", mooncake_protocol="tcp")])
     assert isinstance(args.kv_transfer_config, KVTransferConfig)
     assert args.kv_transfer_config.kv_role == "kv_consumer"
