@@ -52,7 +52,7 @@ def _check_kv_transfer_flag(parser: Any) -> None:
     The check raises a :class:`~ascend_kernel.errors.UsageError`, which argparse
     does not catch (it turns only ValueError, TypeError and ArgumentTypeError
     into its usage error), so it reaches :func:`main` as one paragraph. Every
-    spelling vLLM's parser accepts (``=``, underscores, ``--config`` files)
+    spelling vLLM's parser accepts (``=``, underscores, dotted keys, ``--config`` files)
     goes through the same action.
     """
     from ascend_kernel_plugins.kv_transfer.config_check import check_kv_transfer_config
