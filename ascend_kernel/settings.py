@@ -142,6 +142,14 @@ class KernelSettings(BaseSettings):
         ge=1,
         description="Alignment of every KV tensor when a KV-transfer (PD) config is present (llmdatadist needs 2 MiB).",
     )
+    kv_transfer_pull_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="Decode (kv_consumer) instances under Mooncake: the longest one pull of a prompt's KV pages "
+        "waits for the producer's answer; then the request fails and its blocks are freed. Unset: vLLM's own bound "
+        "(VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT + 60 s). Must exceed VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT: until then "
+        "a live producer may still write the pages into the consumer's blocks.",
+    )
     engine_liveness_timeout_s: float = Field(
         30.0,
         gt=0,

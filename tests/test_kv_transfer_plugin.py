@@ -77,3 +77,30 @@ def test_a_transfer_engine_that_does_not_load_is_refused_with_what_to_install(mo
     monkeypatch.setitem(__import__("sys").modules, "mooncake.engine", None)  # import fails as when not installed
     with pytest.raises(KVTransferUnsupported, match=r"transfer engine does not load.*ascend-kernel\[pd\].*libibverbs1"):
         ascend_kernel_configure(settings=None, vllm_config=config(), device=None)
+
+
+def test_a_protocol_mooncake_does_not_have_is_refused_by_the_fixup():
+    """Mooncake's engine takes any protocol name and falls back to TCP; the kernel refuses the typo at start-up."""
+    cfg = config()
+    cfg.kv_transfer_config.kv_connector_extra_config["mooncake_protocol"] = "rmda"
+    with pytest.raises(KVTransferUnsupported,
+                       match=r"mooncake_protocol='rmda' is not a Mooncake transport.*'tcp', 'rdma'"):
+        ascend_kernel_configure(settings=None, vllm_config=cfg, device=None)
+    assert cfg.kv_transfer_config.kv_connector == "MooncakeConnector"  # nothing rewritten
+
+
+@pytest.mark.parametrize(("timeout", "abort", "allowed"), [(15.0, 10, True), (10.0, 10, False), (60.0, 480, False),
+                                                          (None, 480, True)])
+def test_pull_timeout_must_outlast_the_producers_abort_timeout(monkeypatch, timeout, abort, allowed):
+    from ascend_kernel.errors import SettingsError
+    from ascend_kernel.settings import load_settings
+
+    monkeypatch.setenv("VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT", str(abort))
+    settings = load_settings({"ascend_kernel": {"kv_transfer_pull_timeout_s": timeout}} if timeout else None)
+    if allowed:
+        assert ascend_kernel_configure(settings=settings, vllm_config=config(), device=None)
+    else:
+        with pytest.raises(SettingsError, match=rf"KV_TRANSFER_PULL_TIMEOUT_S={timeout:g} is not allowed with "
+                                                rf"VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT={abort}.*allowed: a number "
+                                                rf"of seconds > {abort}, or unset"):
+            ascend_kernel_configure(settings=settings, vllm_config=config(), device=None)

@@ -38,3 +38,17 @@ def test_refusals_before_anything_starts(tmp_path, capsys):
         from ascend_kernel.cli.serve_pd import _positive
 
         _positive("-1")
+
+
+@pytest.mark.parametrize(("argv", "needles"), [
+    (["--mooncake-protocol", "tpc"], ["--mooncake-protocol='tpc' is not a Mooncake transport", "allowed: 'tcp', 'rdma'",
+                                      "nothing was started"]),
+    (["--kv_transfer_config={}"], ["--kv-transfer-config is set by ascend-kernel serve-pd", "--mooncake-protocol"]),
+])
+def test_a_bad_transfer_setting_is_one_paragraph_and_starts_nothing(tmp_path, capsys, argv, needles):
+    assert main(["M", "--log-dir", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ascend-kernel serve-pd: error: "), err
+    for needle in needles:
+        assert needle in err
+    assert not any(tmp_path.iterdir())

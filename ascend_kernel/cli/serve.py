@@ -15,13 +15,17 @@ through vLLM's ``--middleware`` hook (see :mod:`ascend_kernel.cli.serving`).
 
 A kernel error at start-up (a bad setting, an unknown or unusable
 implementation name, a plugin that fails), in this process or in the engine
-core, ends as one paragraph on stderr with exit status 2.
+core, ends as one paragraph on stderr with exit status 2. So does a bad
+``--kv-transfer-config`` (invalid JSON, an unknown key or connector, a bad
+``kv_role`` or ``mooncake_protocol``): the kernel checks the flag's value
+inside vLLM's parser, before vLLM turns it into its config, so neither
+argparse's usage block nor pydantic's report is printed and nothing starts.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 PROG = "ascend-kernel serve"
 
@@ -38,7 +42,29 @@ def build_parser():
     parser.usage = f"{PROG} [model_tag] [options]"
     parser.description = (f"vLLM's OpenAI-compatible server with ascend-kernel; every vLLM serve argument is "
                           f"accepted. The kernel's live report: GET {_report_path()}.\n\n{parser.description or ''}")
+    _check_kv_transfer_flag(parser)
     return root, command
+
+
+def _check_kv_transfer_flag(parser: Any) -> None:
+    """``--kv-transfer-config`` values pass the kernel's check before vLLM's own conversion.
+
+    The check raises a :class:`~ascend_kernel.errors.UsageError`, which argparse
+    does not catch (it turns only ValueError, TypeError and ArgumentTypeError
+    into its usage error), so it reaches :func:`main` as one paragraph. Every
+    spelling vLLM's parser accepts (``=``, underscores, dotted keys, ``--config`` files)
+    goes through the same action.
+    """
+    from ascend_kernel_plugins.kv_transfer.config_check import check_kv_transfer_config
+
+    action = next(a for a in parser._actions if a.dest == "kv_transfer_config")
+    convert = action.type
+
+    def checked(text: str) -> Any:
+        check_kv_transfer_config(text)
+        return convert(text) if convert is not None else text
+
+    action.type = checked
 
 
 def _report_path() -> str:
@@ -70,7 +96,10 @@ def main(argv: Sequence[str]) -> int:
 
     cli_env_setup()
     root, command = build_parser()
-    args = root.parse_args(["serve", *argv])  # vLLM's own argument errors: its usage line, exit status 2
+    try:
+        args = root.parse_args(["serve", *argv])  # vLLM's own argument errors: its usage line, exit status 2
+    except KernelError as exc:  # the kernel's checks of flag values inside vLLM's parser
+        return _fail(str(exc), 2)
     if MIDDLEWARE not in args.middleware:
         args.middleware.append(MIDDLEWARE)
     configure_logging_from_args(args)

@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--decode", type=_positive, default=1, help="decode instances (default 1)")
     parser.add_argument("--host", default="127.0.0.1", help="the proxy's address (default %(default)s)")
     parser.add_argument("--port", type=int, default=8000, help="the proxy's port (default %(default)s)")
-    parser.add_argument("--mooncake-protocol", default="tcp", help="transfer protocol (default tcp; rdma needs NICs)")
+    parser.add_argument("--mooncake-protocol", default="tcp", help="transfer protocol: tcp (default) or rdma (needs "
+                        "RDMA NICs)")
     parser.add_argument("--log-dir", type=Path, default=None, help="instance logs (default: a new temporary folder)")
     parser.add_argument("--startup-timeout", type=float, default=600.0)
     return parser
@@ -102,11 +103,16 @@ def _stop_on_sigterm(signum: int, frame: Any) -> None:
 
 def main(argv: Sequence[str]) -> int:
     from ascend_kernel.cli.pd_proxy import serve_proxy
+    from ascend_kernel_plugins.kv_transfer.config_check import mooncake_protocol_problem
 
     args, serve_args = build_parser().parse_known_args(list(argv))
-    if any(a == "--kv-transfer-config" or a.startswith("--kv-transfer-config=") for a in serve_args):
+    if any(a.split("=", 1)[0].replace("_", "-") == "--kv-transfer-config" for a in serve_args):
         print(f"{PROG}: error: --kv-transfer-config is set by {PROG} (one kv_producer or kv_consumer config per "
-              "instance); leave it out", file=sys.stderr)
+              "instance); leave it out (--mooncake-protocol chooses the transport)", file=sys.stderr)
+        return 2
+    protocol_problem = mooncake_protocol_problem({"mooncake_protocol": args.mooncake_protocol}, "--mooncake-protocol")
+    if protocol_problem is not None:
+        print(f"{PROG}: error: {protocol_problem}; nothing was started", file=sys.stderr)
         return 2
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="ascend-kernel-pd-"))
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -19,14 +19,23 @@ that changes nothing in how pages move:
   ``remote_bootstrap_addr``, ``transfer_id``), so ``ascend-kernel pd-proxy``
   forwards the prefill's answer, as with vLLM's NIXL connector.
 * **Counted transfers.** The worker object becomes a
-  :class:`CountingMooncakeWorker` (same state, three methods wrapped) so each
+  :class:`KernelMooncakeWorker` (same state, a few methods wrapped) so each
   worker keeps running totals of pages sent and received
   (:class:`~ascend_kernel_plugins.kv_transfer.counts.TransferCounts`), which
   the worker's report RPC reads through :meth:`KernelMooncakeConnector.describe_transfer`.
+* **A bounded pull** (``ASCEND_KERNEL_KV_TRANSFER_PULL_TIMEOUT_S``). vLLM's
+  consumer waits for a producer worker's answer up to its socket timeout,
+  ``VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT`` + 60 s, fixed; a producer that died
+  after its prefill answered costs every request sent to it that long. With
+  the setting, a pull that got no answer in time fails its requests the way
+  vLLM fails any pull (their blocks freed, the requests ended with an error).
+  The setting must exceed the abort timeout (the config fix-up refuses
+  less): until then a live producer may still write into those blocks.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any, Iterator
 
@@ -58,17 +67,20 @@ def device_index_without_accelerator() -> Iterator[None]:
         accelerator.current_device_index = original  # type: ignore[assignment]
 
 
-class CountingMooncakeWorker(MooncakeConnectorWorker):
-    """vLLM's Mooncake worker with running totals; installed over a built worker (no new constructor).
+class KernelMooncakeWorker(MooncakeConnectorWorker):
+    """vLLM's Mooncake worker with running totals and a bounded pull; installed over a built worker (no constructor).
 
     * producer: every successful ``batch_transfer_sync_write`` adds its bytes;
     * consumer: a request whose pull completes adds its local blocks (the
       blocks it asked for: prompt blocks it had no cached copy of);
     * both: every failed write, and every request whose pull failed (not the
-      empty pulls that only ask a producer to free a request's pages), is counted.
+      empty pulls that only ask a producer to free a request's pages), is counted;
+    * consumer: with ``kernel_pull_timeout_s`` set, a pull that waits longer fails.
     """
 
     kernel_counts: TransferCounts
+    #: seconds one pull may wait for a producer worker (None: vLLM's own socket timeout)
+    kernel_pull_timeout_s: float | None = None
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         super().register_kv_caches(kv_caches)
@@ -93,6 +105,19 @@ class CountingMooncakeWorker(MooncakeConnectorWorker):
                 self.kernel_counts.received(sum(len(group) for group in meta.local_block_ids))
         super().process_pulling_result(response, pull_metas)
 
+    async def receive_kv_from_single_worker(self, worker_addr: str, pull_metas: dict[str, Any]) -> None:
+        timeout = self.kernel_pull_timeout_s
+        if timeout is None:
+            await super().receive_kv_from_single_worker(worker_addr, pull_metas)
+            return
+        try:
+            # cancelling the pull closes its socket (vLLM's code catches Exception, not the cancellation)
+            await asyncio.wait_for(super().receive_kv_from_single_worker(worker_addr, pull_metas), timeout)
+        except asyncio.TimeoutError:
+            self._handle_failed_recv(pull_metas, list(pull_metas),
+                                     f"producer worker {worker_addr} sent no answer within {timeout:g} s "
+                                     "(ASCEND_KERNEL_KV_TRANSFER_PULL_TIMEOUT_S)")
+
     def _handle_failed_recv(self, pull_metas: dict[str, Any], req_ids: Any, reason: str) -> None:
         for req_id in req_ids:
             meta = pull_metas.get(req_id)
@@ -110,8 +135,12 @@ class KernelMooncakeConnector(MooncakeConnector):
             super().__init__(vllm_config, role, kv_cache_config)
         worker = self.connector_worker
         if worker is not None:
-            worker.__class__ = CountingMooncakeWorker
+            from ascend_kernel.settings import load_settings
+
+            worker.__class__ = KernelMooncakeWorker
             worker.kernel_counts = TransferCounts()
+            worker.kernel_pull_timeout_s = load_settings(
+                getattr(vllm_config, "additional_config", None)).kv_transfer_pull_timeout_s
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         held, params = super().request_finished(request, block_ids)

@@ -5,10 +5,14 @@ the config: the API server, the engine core), before any family is chosen.
 With ``kv_transfer_config.kv_connector == "MooncakeConnector"`` it
 
 * refuses, in one paragraph, a missing transfer engine (the ``pd`` extra,
-  ``libibverbs.so.1``) and what the kernel cannot hand the connector
+  ``libibverbs.so.1``), what the kernel cannot hand the connector
   (models with recurrent state: the kernel's Mamba layout gives the runner
   per-state views, while the connector registers one raw page per layer and
-  vLLM has validated it only for GDN; not run here), and
+  vLLM has validated it only for GDN; not run here), a ``mooncake_protocol``
+  the transfer engine does not have (it would silently fall back to TCP; see
+  :mod:`~ascend_kernel_plugins.kv_transfer.config_check`) and a pull timeout
+  (``ASCEND_KERNEL_KV_TRANSFER_PULL_TIMEOUT_S``) that a live producer could
+  outlast, and
 * points the config at :class:`~ascend_kernel_plugins.kv_transfer.mooncake.KernelMooncakeConnector`
   (``kv_connector`` and ``kv_connector_module_path``, two recorded changes):
   the same connector, built so that it starts on a CPU host and counts the
@@ -22,8 +26,9 @@ from __future__ import annotations
 from typing import Any
 
 from ascend_kernel.config_changes import ConfigChange, change
-from ascend_kernel.errors import KernelError
+from ascend_kernel.errors import KernelError, SettingsError
 from ascend_kernel.hookspecs import hookimpl
+from ascend_kernel_plugins.kv_transfer.config_check import mooncake_protocol_problem
 
 MOONCAKE = "MooncakeConnector"
 
@@ -58,12 +63,38 @@ def transfer_engine_missing() -> str | None:
     return None
 
 
-def mooncake_fixups(vllm_config: Any) -> list[ConfigChange]:
+def pull_timeout_problem(settings: Any) -> str | None:
+    """Why ``kv_transfer_pull_timeout_s`` cannot bound a pull safely, or None.
+
+    A producer gives up on a request after ``VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT``
+    and answers the consumer so; until then it may still write the pages into
+    the consumer's blocks. A consumer that stopped waiting earlier would have
+    freed those blocks, possibly for another request.
+    """
+    timeout = getattr(settings, "kv_transfer_pull_timeout_s", None)
+    if timeout is None:
+        return None
+    import vllm.envs as envs
+
+    abort = envs.VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT
+    if timeout > abort:
+        return None
+    return (f"Invalid ascend-kernel setting: ASCEND_KERNEL_KV_TRANSFER_PULL_TIMEOUT_S={timeout:g} is not allowed with "
+            f"VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT={abort}: a producer may write a request's pages until its abort "
+            f"timeout, so a consumer must wait longer than that before it frees the blocks; allowed: a number of "
+            f"seconds > {abort}, or unset (vLLM's own bound, {abort} + 60 s).")
+
+
+def mooncake_fixups(vllm_config: Any, settings: Any = None) -> list[ConfigChange]:
     """Refuse what cannot run; otherwise route ``MooncakeConnector`` to the kernel's subclass."""
     from ascend_kernel_plugins.kv_transfer.mooncake import CONNECTOR_CLASS, CONNECTOR_MODULE
 
     kv = vllm_config.kv_transfer_config
-    reason = unsupported_reason(vllm_config) or transfer_engine_missing()
+    timeout_problem = pull_timeout_problem(settings)
+    if timeout_problem is not None:
+        raise SettingsError(timeout_problem)
+    reason = (unsupported_reason(vllm_config) or mooncake_protocol_problem(kv.kv_connector_extra_config)
+              or transfer_engine_missing())
     if reason is not None:
         raise KVTransferUnsupported(
             f"ascend-kernel cannot run kv_transfer_config.kv_connector={MOONCAKE!r} (kv_role {kv.kv_role!r}) "
@@ -80,4 +111,4 @@ def ascend_kernel_configure(settings: Any, vllm_config: Any, device: Any) -> lis
     kv = getattr(vllm_config, "kv_transfer_config", None)
     if kv is None or kv.kv_connector != MOONCAKE or kv.kv_connector_module_path:
         return None
-    return mooncake_fixups(vllm_config)
+    return mooncake_fixups(vllm_config, settings)

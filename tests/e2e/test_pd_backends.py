@@ -11,26 +11,47 @@ one and one over several blocks) through the proxy:
   with the prompt fed as its first ``n - 1`` tokens, then the last, every
   cached key and value rounded to int8 (tests/e2e/test_kv_int8.py);
 * ``mla``: tiny DeepSeek-V2 (the ``mla`` layout: latent + rope pages),
-  oracle transformers' plain greedy tokens.
+  oracle transformers' plain greedy tokens;
+* ``float``: the real SmolLM2-135M-Instruct (float32 K/V pages, the
+  ``standard`` layout, with the Ascend layer ops as in
+  tests/e2e/test_real_model.py), oracle transformers' plain greedy tokens;
+  a chat goes through the proxy too, and the capital of France is Paris in
+  both answers. This one deployment is both the real model through PD and
+  the Ascend backend's float pages through PD.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
 from ascend_kernel.cli.serving import REPORT_PATH, LocalServer
-from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, clean_env, hf_greedy
+from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, REPO, clean_env, hf_greedy
 from tests.e2e.test_pd_disaggregation import GREEDY, MAX_TOKENS, get_json, mooncake_missing, prompt_tokens_by_source
 
 pytestmark = pytest.mark.e2e
 
 PROMPTS = ["The capital of France is", " ".join(f"w{i} and" for i in range(40))]
+CHAT = "What is the capital of France?"
+#: the prepared real model instead of a tiny architecture
+REAL = "smollm2"
+
+
+class Scenario(NamedTuple):
+    model: str  # a tiny model's architecture, or REAL
+    args: tuple[str, ...]
+    layout: str  # the KV-cache layout both instances must report
+    env: tuple[tuple[str, str], ...] = ()
+    chat: bool = False  # also a chat through the proxy (models with a trained chat template)
+
+
 SCENARIOS = {
-    "int8": ("llama", ["--kv-cache-dtype", "int8_per_token_head"], "int8-bsh"),
-    "mla": ("deepseek_v2", [], "mla"),
+    "int8": Scenario("llama", ("--kv-cache-dtype", "int8_per_token_head"), "int8-bsh"),
+    "mla": Scenario("deepseek_v2", (), "mla"),
+    # 32-token blocks: the long prompt spans several
+    "float": Scenario(REAL, ("--block-size", "32"), "standard", (("ASCEND_KERNEL_LAYER_OPS", "ascend"),), chat=True),
 }
 
 
@@ -41,42 +62,59 @@ def scenario(request, tmp_path_factory) -> Any:
         pytest.skip(reason)
     from ascend_kernel.models import create_tiny_model
 
-    arch, extra, layout = SCENARIOS[request.param]
+    spec = SCENARIOS[request.param]
     logs = tmp_path_factory.mktemp(f"pd-{request.param}")
-    model = create_tiny_model(arch, logs / arch, seed=0)
-    env = clean_env(ASCEND_KERNEL_ATTENTION_BACKEND="ascend")
+    if spec.model == REAL:
+        from ascend_kernel.models.real import DEFAULT_DIR, prepare_real_model
+
+        model = prepare_real_model(REPO / DEFAULT_DIR)  # shared with `make demo` and test_real_model.py
+    else:
+        model = create_tiny_model(spec.model, logs / spec.model, seed=0)
+    env = clean_env(ASCEND_KERNEL_ATTENTION_BACKEND="ascend", **dict(spec.env))
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     proxy = LocalServer([*CLI, "serve-pd", str(model), "--log-dir", str(logs), "--dtype", "float32",
-                         "--max-model-len", "512", "--enforce-eager", "--seed", "0", *extra], env, logs / "serve-pd.log")
+                         "--max-model-len", "512", "--enforce-eager", "--seed", "0", *spec.args], env,
+                        logs / "serve-pd.log")
     proxy.start(timeout_s=ENGINE_TIMEOUT_S)
     try:
         status = get_json(f"{proxy.base_url}/pd-proxy/status")
 
-        async def run() -> list[Any]:
+        async def run() -> tuple[list[Any], Any]:
             from openai import AsyncOpenAI
 
             async with AsyncOpenAI(base_url=f"{proxy.base_url}/v1", api_key="unused", max_retries=0,
                                    timeout=300) as api:
-                return list(await asyncio.gather(*(api.completions.create(model=str(model), prompt=p, **GREEDY)
-                                                   for p in PROMPTS)))
+                completions = list(await asyncio.gather(*(api.completions.create(model=str(model), prompt=p,
+                                                                                 **GREEDY) for p in PROMPTS)))
+                chat = await api.chat.completions.create(model=str(model), messages=[{"role": "user", "content": CHAT}],
+                                                         **GREEDY) if spec.chat else None
+                return completions, chat
 
-        answers = asyncio.run(run())
+        answers, chat = asyncio.run(run())
         reports = {role: get_json(status[role][0]["url"] + REPORT_PATH) for role in ("prefill", "decode")}
         metrics = prompt_tokens_by_source(status["decode"][0]["url"])
     finally:
         proxy.stop()
-    return {"name": request.param, "model": model, "layout": layout, "answers": answers, "reports": reports,
-            "decode_tokens": metrics}
+    return {"name": request.param, "model": model, "layout": spec.layout, "answers": answers, "chat": chat,
+            "reports": reports, "decode_tokens": metrics}
 
 
 def test_pd_on_the_ascend_backend_equals_transformers(scenario):
-    answers = scenario["answers"]
+    answers, chat = scenario["answers"], scenario["chat"]
     prompt_ids = [a.choices[0].prompt_token_ids for a in answers]
     ours = [a.choices[0].token_ids for a in answers]
     if scenario["name"] == "int8":
         from tests.e2e.test_kv_int8 import hf_greedy_int8_kv
 
         oracle = hf_greedy_int8_kv(scenario["model"], prompt_ids, MAX_TOKENS, cached=[len(p) - 1 for p in prompt_ids])
+    elif chat is not None:  # the real model: its trained chat template too (one oracle run: loading it costs)
+        assert chat.prompt_token_ids, "the chat answer carries no prompt token ids"
+        prompt_ids.append(chat.prompt_token_ids)
+        ours.append(chat.choices[0].token_ids)
+        oracle = hf_greedy(scenario["model"], prompt_ids, MAX_TOKENS)
+        # and what it knows
+        assert "Paris" in chat.choices[0].message.content
+        assert answers[0].choices[0].text.startswith(" Paris")
     else:
         oracle = hf_greedy(scenario["model"], prompt_ids, MAX_TOKENS)
     assert ours == oracle

@@ -43,8 +43,15 @@ PROMPTS = [
     PREFIX + " the children ran to school",
     " ".join(f"word{i} follows the previous word in this long line of text," for i in range(12)),
 ]
-#: VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT of the deployment (vLLM's default: 480 s)
-ABORT_TIMEOUT_S = 10
+#: VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT of the deployment (vLLM's default: 480 s): a producer frees pages nobody
+#: pulled, and answers a pull it cannot serve, after this long
+ABORT_TIMEOUT_S = 8
+#: ASCEND_KERNEL_KV_TRANSFER_PULL_TIMEOUT_S of the deployment: a consumer gives up on a silent producer after this
+#: long (vLLM alone: ABORT_TIMEOUT_S + 60 s)
+PULL_TIMEOUT_S = 12
+#: concurrent requests through the proxy (short prompts, few tokens)
+CONCURRENT = 64
+CONCURRENT_TOKENS = 4
 GREEDY = dict(max_tokens=MAX_TOKENS, temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
 
 
@@ -74,8 +81,9 @@ def deployment(tiny_llama, tmp_path_factory) -> Any:
     if reason is not None:
         pytest.skip(reason)
     logs = tmp_path_factory.mktemp("pd")
-    # a short abort timeout: a consumer whose producer died gives up after it plus vLLM's fixed 60 s (the fault test)
-    env = clean_env(VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT=str(ABORT_TIMEOUT_S))
+    # short transfer timeouts for the fault tests: the producer's abort timeout, the consumer's pull timeout
+    env = clean_env(VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT=str(ABORT_TIMEOUT_S),
+                    ASCEND_KERNEL_KV_TRANSFER_PULL_TIMEOUT_S=str(PULL_TIMEOUT_S))
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     proxy = LocalServer([*CLI, "serve-pd", str(tiny_llama), "--prefill", "1", "--decode", "1", "--log-dir", str(logs),
                          *SERVE_ARGS], env, logs / "serve-pd.log")
@@ -166,6 +174,103 @@ def test_proxy_balances_and_counts(answers, deployment):
     assert [(i["requests"], i["errors"]) for i in status["prefill"] + status["decode"]] == [(requests, 0)] * 2
 
 
+def kv_cache_usage(base_url: str) -> float:
+    """vLLM's ``kv_cache_usage_perc`` of one instance (0: no block held by any request)."""
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=60) as answer:
+        metrics = answer.read().decode()
+    usage = re.search(r"^vllm:kv_cache_usage_perc\{[^}]*\} ([0-9.eE+-]+)$", metrics, re.M)
+    assert usage is not None, "no vllm:kv_cache_usage_perc in /metrics"
+    return float(usage.group(1))
+
+
+def wait_for_no_blocks(base_url: str, within_s: float) -> float:
+    """Seconds until the instance holds no KV block (a producer frees a request's pages a step after they moved)."""
+    import time
+
+    started = time.monotonic()
+    while kv_cache_usage(base_url) != 0.0:
+        assert time.monotonic() - started < within_s, f"{base_url} still holds KV blocks after {within_s} s"
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+# -- after the counting tests: they count every request sent so far -----------------------------------------
+
+
+def test_concurrent_requests_through_the_proxy_equal_transformers_and_free_every_block(answers, deployment,
+                                                                                        tiny_llama):
+    goods = ["pears", "nails", "tea", "rope"]
+    prompts = [f"Order {i}: {i % 7 + 2} boxes of {goods[i % 4]} for" for i in range(CONCURRENT)]
+    before = get_json(f"{deployment['proxy'].base_url}/pd-proxy/status")
+
+    async def run() -> list[Any]:
+        async with client(deployment["proxy"]) as api:
+            return list(await asyncio.gather(*(api.completions.create(
+                model=str(tiny_llama), prompt=p, **{**GREEDY, "max_tokens": CONCURRENT_TOKENS}) for p in prompts)))
+
+    completions = asyncio.run(run())
+    prompt_ids = [c.choices[0].prompt_token_ids for c in completions]
+    ours = [c.choices[0].token_ids for c in completions]
+    assert len(set(map(tuple, prompt_ids))) == CONCURRENT
+    assert ours == hf_greedy(tiny_llama, prompt_ids, CONCURRENT_TOKENS)
+
+    after = get_json(f"{deployment['proxy'].base_url}/pd-proxy/status")
+    for role in ("prefill", "decode"):
+        assert after[role][0]["requests"] - before[role][0]["requests"] == CONCURRENT
+        assert after[role][0]["errors"] == before[role][0]["errors"] == 0
+    assert prompt_tokens_by_source(deployment["decode"])["local_compute"] == 0
+    # every request's blocks are freed on both sides: the consumer's when it finished, the producer's once pulled
+    wait_for_no_blocks(deployment["decode"], within_s=30)
+    wait_for_no_blocks(deployment["prefill"], within_s=30)
+
+
+def test_a_decode_whose_pages_never_come_fails_within_the_abort_timeout_frees_blocks_and_serves_on(
+        answers, deployment, tiny_llama):
+    """The producer is alive but was never asked for ``transfer_id`` (or holds it for another request).
+
+    vLLM's producer waits ``VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT`` for pages under
+    that id, then answers the pull with an error; the consumer fails the
+    request. A bootstrap address nobody listens on fails at once. Meanwhile the
+    prefill that nobody pulls is freed on the producer after the same timeout.
+    """
+    import time
+
+    from ascend_kernel.cli.serving import free_port
+
+    prompt = {"model": str(tiny_llama), "prompt": PROMPTS[1], "temperature": 0, "max_tokens": MAX_TOKENS}
+    failed_before = get_json(deployment["decode"] + REPORT_PATH)["kv_transfer"]["kv_failed_transfers"]
+    status, held = post(deployment["prefill"] + "/v1/completions", {
+        **prompt, "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": "never-pulled"}})
+    assert status == 200 and kv_cache_usage(deployment["prefill"]) > 0  # its pages wait for a consumer
+    producer = held["kv_transfer_params"]
+
+    started = time.monotonic()
+    status, failed = post(deployment["decode"] + "/v1/completions",
+                          {**prompt, "kv_transfer_params": {**producer, "transfer_id": "never-sent"}},
+                          timeout=ABORT_TIMEOUT_S + 120)
+    waited = time.monotonic() - started
+    assert status == 500 and failed["error"]["type"] == "InternalServerError", (status, failed)
+    assert ABORT_TIMEOUT_S - 1 < waited < ABORT_TIMEOUT_S + 30, waited
+    decode_log = (deployment["logs"] / "decode0.log").read_text(errors="replace")
+    assert "Timeout waiting for P side ready" in decode_log  # the producer's answer, in the consumer's log
+
+    started = time.monotonic()
+    nowhere = {**producer, "remote_engine_id": "no-such-engine", "transfer_id": "nowhere",
+               "remote_bootstrap_addr": f"http://127.0.0.1:{free_port()}"}
+    status, failed = post(deployment["decode"] + "/v1/completions", {**prompt, "kv_transfer_params": nowhere})
+    assert status == 500 and time.monotonic() - started < 10
+    assert "Failed to connect to bootstrap server" in (deployment["logs"] / "decode0.log").read_text(errors="replace")
+
+    assert get_json(deployment["decode"] + REPORT_PATH)["kv_transfer"]["kv_failed_transfers"] == failed_before + 2
+    assert kv_cache_usage(deployment["decode"]) == 0.0, "the decode instance kept a failed request's blocks"
+    wait_for_no_blocks(deployment["prefill"], within_s=ABORT_TIMEOUT_S + 10)  # the unpulled prefill's pages
+    # both instances still serve, disaggregated: the same prompt through the proxy equals its earlier answer
+    status, again = post(f"{deployment['proxy'].base_url}/v1/completions",
+                         {**prompt, "ignore_eos": True, "return_token_ids": True})
+    assert status == 200 and again["choices"][0]["token_ids"] == answers["completions"][1].choices[0].token_ids
+
+
 def test_mooncake_on_a_model_with_recurrent_state_is_one_clear_error(tmp_path):
     from ascend_kernel.models import create_tiny_model
 
@@ -209,33 +314,34 @@ def post(url: str, body: dict[str, Any], timeout: float = 120) -> tuple[int, dic
         return exc.code, json.loads(exc.read())
 
 
-def test_prefill_dies_after_prefill_decode_fails_fast_frees_blocks_and_proxy_names_it(answers, deployment, tiny_llama):
+def test_prefill_dies_after_prefill_decode_fails_within_the_pull_timeout_frees_blocks_and_proxy_names_it(
+        answers, deployment, tiny_llama):
     import time
 
     prompt = {"model": str(tiny_llama), "prompt": PROMPTS[4], "temperature": 0}
+    failed_before = get_json(deployment["decode"] + REPORT_PATH)["kv_transfer"]["kv_failed_transfers"]
     status, prefilled = post(deployment["prefill"] + "/v1/completions", {
         **prompt, "max_tokens": 1,
         "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": "dies"}})
     assert status == 200 and prefilled["kv_transfer_params"]["transfer_id"] == "dies"
     kill_instance(deployment["proxy"], deployment["prefill"])  # the producer host is gone, its pages with it
 
-    # the consumer already knows this producer's workers, so it asks the dead one directly and gives up after its
-    # socket timeout: the abort timeout plus 60 s (vLLM's MooncakeConnector; an unknown producer fails at once)
+    # the consumer already knows this producer's workers, so it asks the dead one directly; nothing answers, and
+    # the kernel's pull timeout ends the wait (vLLM alone: its socket timeout, the abort timeout + 60 s)
     started = time.monotonic()
     status, failed = post(deployment["decode"] + "/v1/completions",
                           {**prompt, "max_tokens": MAX_TOKENS, "kv_transfer_params": prefilled["kv_transfer_params"]},
                           timeout=ABORT_TIMEOUT_S + 120)
     waited = time.monotonic() - started
-    assert status >= 500 and "error" in failed
-    assert waited < ABORT_TIMEOUT_S + 60 + 30, waited
+    assert status == 500 and "error" in failed
+    assert PULL_TIMEOUT_S - 1 < waited < PULL_TIMEOUT_S + 30, waited
+    decode_log = (deployment["logs"] / "decode0.log").read_text(errors="replace")
+    assert f"sent no answer within {PULL_TIMEOUT_S} s (ASCEND_KERNEL_KV_TRANSFER_PULL_TIMEOUT_S)" in decode_log
     status, through_proxy = post(f"{deployment['proxy'].base_url}/v1/completions", {**prompt, "max_tokens": 2})
     assert status == 502 and through_proxy["error"]["message"].startswith(f"prefill instance {deployment['prefill']}")
 
-    with urllib.request.urlopen(deployment["decode"] + "/metrics", timeout=60) as answer:
-        metrics = answer.read().decode()
-    usage = re.search(r"^vllm:kv_cache_usage_perc\{[^}]*\} ([0-9.eE+-]+)$", metrics, re.M)
-    assert usage is not None and float(usage.group(1)) == 0.0, "the decode instance kept the failed request's blocks"
-    assert get_json(deployment["decode"] + REPORT_PATH)["kv_transfer"]["kv_failed_transfers"] == 1
+    assert kv_cache_usage(deployment["decode"]) == 0.0, "the decode instance kept the failed request's blocks"
+    assert get_json(deployment["decode"] + REPORT_PATH)["kv_transfer"]["kv_failed_transfers"] == failed_before + 1
     # and it still serves: the same prompt computed locally equals the disaggregated answer of before
     status, local = post(deployment["decode"] + "/v1/completions",
                          {**prompt, "max_tokens": MAX_TOKENS, "ignore_eos": True, "return_token_ids": True})
