@@ -37,8 +37,8 @@ def compilation_fixups(vllm_config: Any) -> list[ConfigChange]:
     """
     from vllm.config import CompilationMode
 
-    compilation = vllm_config.compilation_config
-    if compilation.mode == CompilationMode.NONE or compilation.backend != "inductor":
+    compilation = getattr(vllm_config, "compilation_config", None)
+    if compilation is None or compilation.mode == CompilationMode.NONE or compilation.backend != "inductor":
         return []
     options = dict(compilation.inductor_compile_config)
     wanted = {**options, **{k: v for k, v in OVERRIDES.items() if k not in options}}
