@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -49,6 +50,22 @@ async def stream(api: Any, model: str, prompt: str, started: asyncio.Semaphore) 
         return "ok", f"{chunks} chunks", time.monotonic()
     except Exception as exc:  # noqa: BLE001 - the outcome under test
         return "error", f"{type(exc).__name__}: {exc}", time.monotonic()
+
+
+def stop_group(process: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """SIGTERM ``process`` (a node's leader: it stops its own children), wait up to ``timeout_s``, then SIGKILL
+    its whole process group, whatever is left of it."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    process.wait()
 
 
 def kill_group(process: Any) -> Any:

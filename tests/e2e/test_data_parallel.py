@@ -149,17 +149,7 @@ class HeadlessNode:
             self.process.send_signal(signal.SIGTERM)
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.process.wait()
+        faults.stop_group(self.process, timeout_s)
 
 
 @contextlib.contextmanager

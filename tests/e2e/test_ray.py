@@ -32,6 +32,7 @@ import pytest
 
 from ascend_kernel.cli.serving import REPORT_PATH, LocalServer, free_port
 from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, REPO, clean_env, generate, hf_greedy, tokens
+from tests.e2e.faults import stop_group
 
 pytestmark = pytest.mark.e2e
 
@@ -65,17 +66,7 @@ class RayNode:
 
     def stop(self) -> None:
         """SIGTERM lets ``ray start --block`` stop its raylet (and its workers); then SIGKILL the group."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.process.wait()
+        stop_group(self.process, timeout_s=30)
 
 
 def node_ports() -> list[str]:
