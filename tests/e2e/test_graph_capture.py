@@ -199,6 +199,21 @@ def test_full_decode_only_speculation_replays_verification_batches(tiny_llama, t
     assert graph["captured_sizes"] == [3, 6] and graph["replays"].get("6", 0) > 0, graph
 
 
+def test_full_decode_only_ngram_pads_proposals_so_verification_batches_replay(tiny_llama):
+    """The n-gram drafter pads its proposals to k under full decode graphs: every verification batch is uniform
+    (3 requests x (1 + 2) tokens = 9, padded to the captured 12) and replays; tokens still equal transformers."""
+    spec = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}'
+    run = generate(tiny_llama, *FULL, "--capture-sizes", "3,6,12", "--speculative-config", spec,
+                   env=clean_env(ASCEND_KERNEL_DEVICE="cpu"), max_tokens=MAX_TOKENS)
+    oracle = hf_greedy(tiny_llama, [o["prompt_token_ids"] for o in run["outputs"]], MAX_TOKENS)
+    assert_same_tokens(tiny_llama, run, oracle)
+    assert run["report"]["trace"]["rejection_sampler_calls"] > 0
+    spec_stats = run["spec_decode"]
+    assert spec_stats["num_draft_tokens"] == 2 * spec_stats["num_drafts"] > 0, spec_stats  # every proposal has k
+    graph = run["report"]["graph"]
+    assert graph["replays"].get("12", 0) > 0, graph
+
+
 def test_full_decode_only_mtp_on_mla(tmp_path_factory):
     """DeepSeek's MTP layer drafts one token; every verification batch (2 tokens per request, the Ascend MLA
     backend) replays the whole model, the MoE layers' routed experts included."""
