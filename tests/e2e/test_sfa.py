@@ -243,3 +243,14 @@ def test_sparse_attention_under_cpu_graph(tiny_v32, capture_mode):
     assert tokens(run) == oracle, divergence_report(tiny_v32, ids, tokens(run), oracle)
     assert run["report"]["graph"]["replays"] == {"4": MAX_TOKENS - 1}
     check_states(run, "PrefillNoCache", "DecodeOnly")
+
+
+def test_sparse_attention_under_vllms_default_compilation(tiny_v32):
+    """Without enforce_eager vLLM-CPU traces the whole model once and inductor compiles it: the indexer's
+    selection and the sparse MLA layers' attention stay in order (their data dependency, sfa_order.py)."""
+    run = generate(tiny_v32, "--engine-arg", "enforce_eager=false", env=clean_env(ASCEND_KERNEL_DEVICE="cpu"),
+                   max_tokens=MAX_TOKENS)
+    ids = [o["prompt_token_ids"] for o in run["outputs"]]
+    oracle = hf_greedy(tiny_v32, ids, MAX_TOKENS)
+    assert tokens(run) == oracle, divergence_report(tiny_v32, ids, tokens(run), oracle)
+    check_states(run, "PrefillNoCache", "DecodeOnly")
