@@ -261,3 +261,15 @@ class RecordingGraphDevice:
                                   f"got {[t.op._schema.name for t in issued]}")
         handle.graph.tasks[handle.start:handle.end] = issued
         self.updates += 1
+
+
+@contextlib.contextmanager
+def capturing() -> Iterator[None]:
+    """vLLM's "a capture is running" switch, on for the block (its wrappers refuse to capture otherwise)."""
+    from vllm.compilation.monitor import set_cudagraph_capturing_enabled
+
+    set_cudagraph_capturing_enabled(True)
+    try:
+        yield
+    finally:
+        set_cudagraph_capturing_enabled(False)

@@ -23,7 +23,7 @@ import contextlib
 
 import pytest
 import torch
-from graph_standin import RecordingGraphDevice, StaleTaskParamError
+from graph_standin import RecordingGraphDevice, StaleTaskParamError, capturing
 
 from ascend_kernel_plugins.attention.states import AttentionState
 
@@ -79,17 +79,6 @@ def forward(mode, metadata):
                          batch_descriptor=BatchDescriptor(num_tokens=N, num_reqs=N, uniform=True))
     with override_forward_context(ctx):
         yield
-
-
-@contextlib.contextmanager
-def capturing():
-    from vllm.compilation.monitor import set_cudagraph_capturing_enabled
-
-    set_cudagraph_capturing_enabled(True)
-    try:
-        yield
-    finally:
-        set_cudagraph_capturing_enabled(False)
 
 
 class Layer:

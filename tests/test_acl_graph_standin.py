@@ -16,7 +16,8 @@ import math
 
 import pytest
 import torch
-from graph_standin import CaptureError, RecordingGraphDevice, StaleTaskParamError, StandinGraph, TaskUpdateError
+from graph_standin import (CaptureError, RecordingGraphDevice, StaleTaskParamError, StandinGraph, TaskUpdateError,
+                            capturing)
 
 from ascend_kernel.ops.reference import ReferenceOps
 from ascend_kernel_plugins.attention.ascend.graph_params import DecodeGraphParams
@@ -32,17 +33,6 @@ def forward(mode, num_tokens):
                          batch_descriptor=BatchDescriptor(num_tokens=num_tokens))
     with override_forward_context(ctx):
         yield
-
-
-@contextlib.contextmanager
-def capturing():
-    from vllm.compilation.monitor import set_cudagraph_capturing_enabled
-
-    set_cudagraph_capturing_enabled(True)
-    try:
-        yield
-    finally:
-        set_cudagraph_capturing_enabled(False)
 
 
 def modes():

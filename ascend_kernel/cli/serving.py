@@ -193,24 +193,29 @@ class LocalServer:
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """SIGTERM (vLLM shuts its engine down), then SIGKILL to the server's own process group if it lingers."""
-        import os
-        import signal
-        import subprocess
-
         process, self.process = self.process, None
-        if process is None:
-            return
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
-        if self.new_session:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)  # the group this server started in (engine core, workers)
-            except (ProcessLookupError, PermissionError):
-                pass
-        elif process.poll() is None:
-            process.kill()
-        process.wait()
+        if process is not None:
+            stop_process(process, timeout_s, whole_group=self.new_session)
+
+
+def stop_process(process: Any, timeout_s: float = 60.0, whole_group: bool = True) -> None:
+    """SIGTERM ``process``, wait up to ``timeout_s``, then SIGKILL what is left: its whole process group (a
+    server or node started in a session of its own: engine core, workers) or, without one, the process."""
+    import os
+    import signal
+    import subprocess
+
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+    if whole_group:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    elif process.poll() is None:
+        process.kill()
+    process.wait()

@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from ascend_kernel.cli.serving import LocalServer
+from ascend_kernel.cli.serving import LocalServer, stop_process
 
 #: from the kill to every open request answered, and to the API node's exit: the liveness timeout, one probe
 #: interval, vLLM's 5 s server watchdog, and room for a loaded 2-core host
@@ -53,19 +53,8 @@ async def stream(api: Any, model: str, prompt: str, started: asyncio.Semaphore) 
 
 
 def stop_group(process: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    """SIGTERM ``process`` (a node's leader: it stops its own children), wait up to ``timeout_s``, then SIGKILL
-    its whole process group, whatever is left of it."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    process.wait()
+    """SIGTERM a node's leader (it stops its own children), then SIGKILL its whole process group."""
+    stop_process(process, timeout_s, whole_group=True)
 
 
 def kill_group(process: Any) -> Any:
