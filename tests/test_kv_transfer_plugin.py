@@ -104,3 +104,31 @@ def test_pull_timeout_must_outlast_the_producers_abort_timeout(monkeypatch, time
                                                 rf"VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT={abort}.*allowed: a number "
                                                 rf"of seconds > {abort}, or unset"):
             ascend_kernel_configure(settings=settings, vllm_config=config(), device=None)
+
+
+def test_on_an_npu_an_unset_protocol_becomes_ascends_own_transport():
+    npu = SimpleNamespace(kind="npu")
+    cfg = config()
+    del cfg.kv_transfer_config.kv_connector_extra_config["mooncake_protocol"]
+    changes = ascend_kernel_configure(settings=None, vllm_config=cfg, device=npu)
+    assert cfg.kv_transfer_config.kv_connector_extra_config == {"mooncake_protocol": "ascend"}
+    assert changes[0].path == "kv_transfer_config.kv_connector_extra_config" and "Ascend NPUs" in changes[0].reason
+    # a protocol the user chose stands (tcp between NPU hosts is allowed)
+    chosen = config()
+    ascend_kernel_configure(settings=None, vllm_config=chosen, device=npu)
+    assert chosen.kv_transfer_config.kv_connector_extra_config == {"mooncake_protocol": "tcp"}
+
+
+def test_ascends_transport_on_a_host_without_an_npu_is_refused():
+    cfg = config()
+    cfg.kv_transfer_config.kv_connector_extra_config["mooncake_protocol"] = "ascend"
+    with pytest.raises(KVTransferUnsupported,
+                       match=r"'ascend' is Mooncake's transport between Ascend NPUs.*'tcp', 'rdma'"):
+        ascend_kernel_configure(settings=None, vllm_config=cfg, device=SimpleNamespace(kind="cpu"))
+    assert cfg.kv_transfer_config.kv_connector == "MooncakeConnector"  # nothing rewritten
+
+
+def test_a_missing_engine_on_an_npu_names_the_npu_build(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "mooncake.engine", None)
+    with pytest.raises(KVTransferUnsupported, match=r"pd-npu.*mooncake-transfer-engine-npu"):
+        ascend_kernel_configure(settings=None, vllm_config=config(), device=SimpleNamespace(kind="npu"))

@@ -26,8 +26,11 @@ from typing import Any, Mapping, get_args
 from ascend_kernel.errors import UsageError
 
 MOONCAKE = "MooncakeConnector"
-#: transports of Mooncake's engine that vLLM's MooncakeConnector documents (only tcp is run here)
-MOONCAKE_PROTOCOLS = ("tcp", "rdma")
+#: transports of Mooncake's engine: the two vLLM's MooncakeConnector documents, and Ascend's own transport
+#: between NPUs (``mooncake-transfer-engine-npu``, the ``pd-npu`` extra); only tcp is run here
+MOONCAKE_PROTOCOLS = ("tcp", "rdma", "ascend")
+#: transports that need an NPU on the host
+NPU_PROTOCOLS = ("ascend",)
 
 
 class KVTransferConfigError(UsageError):
@@ -35,17 +38,26 @@ class KVTransferConfigError(UsageError):
 
 
 def mooncake_protocol_problem(extra_config: Mapping[str, Any] | None,
-                              subject: str = "kv_connector_extra_config.mooncake_protocol") -> str | None:
-    """Why ``kv_connector_extra_config.mooncake_protocol`` is not one the transfer engine has, or None.
+                              subject: str = "kv_connector_extra_config.mooncake_protocol",
+                              on_npu: bool | None = None) -> str | None:
+    """Why ``kv_connector_extra_config.mooncake_protocol`` is not one the transfer engine has here, or None.
 
-    Unset is allowed: vLLM's connector then asks for ``rdma``. ``subject``
-    names the value in the message (a flag of its own in ``serve-pd``).
+    Unset is allowed (the kernel picks ``ascend`` on an NPU; vLLM's connector
+    asks for ``rdma`` elsewhere). ``subject`` names the value in the message (a
+    flag of its own in ``serve-pd``). ``on_npu``: whether this host has an
+    NPU (None: not known yet, as when a CLI flag is read; only the name is checked).
     """
     protocol = (extra_config or {}).get("mooncake_protocol")
-    if protocol is None or protocol in MOONCAKE_PROTOCOLS:
+    if protocol is None:
         return None
-    return (f"{subject}={protocol!r} is not a Mooncake transport (the transfer engine would silently fall back to "
-            f"TCP); allowed: {_words(MOONCAKE_PROTOCOLS)}")
+    if protocol not in MOONCAKE_PROTOCOLS:
+        return (f"{subject}={protocol!r} is not a Mooncake transport (the transfer engine would silently fall back "
+                f"to TCP); allowed: {_words(MOONCAKE_PROTOCOLS)}")
+    if protocol in NPU_PROTOCOLS and on_npu is False:
+        allowed = [p for p in MOONCAKE_PROTOCOLS if p not in NPU_PROTOCOLS]
+        return (f"{subject}={protocol!r} is Mooncake's transport between Ascend NPUs and this host has none; "
+                f"allowed here: {_words(allowed)}")
+    return None
 
 
 def _words(values: Any) -> str:

@@ -48,19 +48,40 @@ def unsupported_reason(vllm_config: Any) -> str | None:
     return None
 
 
-def transfer_engine_missing() -> str | None:
+def transfer_engine_missing(on_npu: bool = False) -> str | None:
     """Why the Mooncake transfer engine cannot load in this environment, or None.
 
     vLLM only logs a warning when ``mooncake.engine`` fails to import and
     fails later, inside a worker; the kernel says it before any engine starts.
+    An NPU host needs Mooncake's Ascend build (the ``pd-npu`` extra), others
+    the CPU one (``pd``, which links libibverbs even for TCP).
     """
     try:
         from mooncake.engine import TransferEngine  # noqa: F401
     except (ImportError, OSError) as exc:
+        if on_npu:
+            return (f"the Mooncake transfer engine does not load ({type(exc).__name__}: {exc}); on an Ascend host "
+                    "install its NPU build, the `pd-npu` extra (pip install 'ascend-kernel[pd-npu]': "
+                    "mooncake-transfer-engine-npu, with CANN's runtime on the library path)")
         return (f"the Mooncake transfer engine does not load ({type(exc).__name__}: {exc}); install the `pd` extra "
                 "(pip install 'ascend-kernel[pd]') and the system library libibverbs.so.1 it links even for TCP "
                 "(Debian/Ubuntu: apt-get install libibverbs1)")
     return None
+
+
+def npu_protocol(vllm_config: Any) -> ConfigChange | None:
+    """On an NPU, an unset ``mooncake_protocol`` becomes ``ascend`` (vLLM's connector would ask for ``rdma``).
+
+    Ascend hosts move KV pages between NPUs with Mooncake's Ascend transport
+    (device memory, HCCS within a node, RoCE across nodes); ``rdma`` would
+    need host-memory registration of NPU pages, which the NPU build does not do.
+    """
+    kv = vllm_config.kv_transfer_config
+    extra = dict(kv.kv_connector_extra_config or {})
+    if extra.get("mooncake_protocol") is not None:
+        return None
+    return change(vllm_config, "kv_transfer_config.kv_connector_extra_config", {**extra, "mooncake_protocol": "ascend"},
+                  "Mooncake's transport between Ascend NPUs (vLLM's connector defaults to rdma)")
 
 
 def pull_timeout_problem(settings: Any) -> str | None:
@@ -85,7 +106,7 @@ def pull_timeout_problem(settings: Any) -> str | None:
             f"seconds > {abort}, or unset (vLLM's own bound, {abort} + 60 s).")
 
 
-def mooncake_fixups(vllm_config: Any, settings: Any = None) -> list[ConfigChange]:
+def mooncake_fixups(vllm_config: Any, settings: Any = None, on_npu: bool = False) -> list[ConfigChange]:
     """Refuse what cannot run; otherwise route ``MooncakeConnector`` to the kernel's subclass."""
     from ascend_kernel_plugins.kv_transfer.mooncake import CONNECTOR_CLASS, CONNECTOR_MODULE
 
@@ -93,15 +114,17 @@ def mooncake_fixups(vllm_config: Any, settings: Any = None) -> list[ConfigChange
     timeout_problem = pull_timeout_problem(settings)
     if timeout_problem is not None:
         raise SettingsError(timeout_problem)
-    reason = (unsupported_reason(vllm_config) or mooncake_protocol_problem(kv.kv_connector_extra_config)
-              or transfer_engine_missing())
+    reason = (unsupported_reason(vllm_config)
+              or mooncake_protocol_problem(kv.kv_connector_extra_config, on_npu=on_npu)
+              or transfer_engine_missing(on_npu))
     if reason is not None:
         raise KVTransferUnsupported(
             f"ascend-kernel cannot run kv_transfer_config.kv_connector={MOONCAKE!r} (kv_role {kv.kv_role!r}) "
             f"here: {reason}.")
     why = (f"vLLM's {MOONCAKE}, built by the kernel: a device index on a CPU host "
            "(torch.accelerator has none) and counted transfers for /ascend-kernel/report")
-    changes = [change(vllm_config, "kv_transfer_config.kv_connector_module_path", CONNECTOR_MODULE, why),
+    changes = [npu_protocol(vllm_config) if on_npu else None,
+               change(vllm_config, "kv_transfer_config.kv_connector_module_path", CONNECTOR_MODULE, why),
                change(vllm_config, "kv_transfer_config.kv_connector", CONNECTOR_CLASS, why)]
     return [c for c in changes if c is not None]
 
@@ -111,4 +134,4 @@ def ascend_kernel_configure(settings: Any, vllm_config: Any, device: Any) -> lis
     kv = getattr(vllm_config, "kv_transfer_config", None)
     if kv is None or kv.kv_connector != MOONCAKE or kv.kv_connector_module_path:
         return None
-    return mooncake_fixups(vllm_config, settings)
+    return mooncake_fixups(vllm_config, settings, on_npu=getattr(device, "kind", None) == "npu")
