@@ -52,3 +52,26 @@ def test_a_bad_transfer_setting_is_one_paragraph_and_starts_nothing(tmp_path, ca
     for needle in needles:
         assert needle in err
     assert not any(tmp_path.iterdir())
+
+
+def test_tensor_parallel_per_role(tmp_path, monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    args, rest = build_parser().parse_known_args(["M", "--prefill-tp", "2", "--decode", "2"])
+    servers = build_instances(args, rest, tmp_path)
+
+    def tp(server):
+        argv = server.argv
+        return int(argv[argv.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in argv else 1
+
+    assert [tp(s) for s in servers] == [2, 1, 1]
+    # one core per rank, in turn: the TP=2 prefill binds both, the decodes take the next ones (wrapping)
+    assert [s.env["VLLM_CPU_OMP_THREADS_BIND"] for s in servers] == ["0|1", "0", "1"]
+
+
+@pytest.mark.parametrize("flag", [["--tensor-parallel-size", "2"], ["-tp", "2"], ["--tensor_parallel_size=2"]])
+def test_a_tensor_parallel_flag_for_every_instance_is_refused(tmp_path, capsys, flag):
+    assert main(["M", "--log-dir", str(tmp_path), *flag]) == 2
+    err = capsys.readouterr().err
+    assert "--prefill-tp and --decode-tp" in err and "nothing was started" in err
+    assert not any(tmp_path.iterdir())

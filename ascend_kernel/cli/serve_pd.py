@@ -40,8 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--decode", type=_positive, default=1, help="decode instances (default 1)")
     parser.add_argument("--host", default="127.0.0.1", help="the proxy's address (default %(default)s)")
     parser.add_argument("--port", type=int, default=8000, help="the proxy's port (default %(default)s)")
-    parser.add_argument("--mooncake-protocol", default="tcp", help="transfer protocol: tcp (default) or rdma (needs "
-                        "RDMA NICs)")
+    parser.add_argument("--prefill-tp", type=_positive, default=1,
+                        help="tensor-parallel size of each prefill instance (default 1)")
+    parser.add_argument("--decode-tp", type=_positive, default=1,
+                        help="tensor-parallel size of each decode instance (default 1; may differ from the "
+                        "prefill's: the connector maps KV heads between the two layouts)")
+    parser.add_argument("--mooncake-protocol", default="tcp", help="transfer protocol: tcp (default), rdma (needs "
+                        "RDMA NICs) or ascend (between Ascend NPUs)")
     parser.add_argument("--log-dir", type=Path, default=None, help="instance logs (default: a new temporary folder)")
     parser.add_argument("--startup-timeout", type=float, default=600.0)
     return parser
@@ -59,15 +64,20 @@ def kv_transfer_config(role: str, protocol: str) -> str:
                        "kv_connector_extra_config": {"mooncake_protocol": protocol}})
 
 
-def instance_env(index: int, bootstrap_port: int | None) -> dict[str, str]:
-    """The environment of instance ``index``: its bootstrap port (producers), its core on a CPU host."""
+def instance_env(first_core: int, bootstrap_port: int | None, tp: int = 1) -> dict[str, str]:
+    """An instance's environment: its bootstrap port (producers) and, on a CPU host, one core per TP rank.
+
+    Instances take the host's cores in turn from ``first_core`` (wrapping
+    around when there are fewer cores than ranks: they then share), written
+    as vLLM-CPU's per-rank binding ``"a|b"``.
+    """
     env = dict(os.environ)
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # a server's engine core always runs apart
     if bootstrap_port is not None:
         env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(bootstrap_port)
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if "VLLM_CPU_OMP_THREADS_BIND" not in env and cores:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = str(cores[index % len(cores)])
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(cores[(first_core + r) % len(cores)]) for r in range(tp))
     return env
 
 
@@ -78,12 +88,17 @@ def build_instances(args: argparse.Namespace, serve_args: list[str], log_dir: Pa
     cli = [sys.executable, "-m", "ascend_kernel.cli.main", "serve", args.model, *serve_args]
     api_key = _option_value(serve_args, "--api-key")
     servers = []
+    first_core = 0
     for index in range(args.prefill + args.decode):
         producer = index < args.prefill
         role = "kv_producer" if producer else "kv_consumer"
         name = f"prefill{index}" if producer else f"decode{index - args.prefill}"
-        env = instance_env(index, free_port() if producer else None)
+        tp = args.prefill_tp if producer else args.decode_tp
+        env = instance_env(first_core, free_port() if producer else None, tp)
+        first_core += tp
         argv = [*cli, "--kv-transfer-config", kv_transfer_config(role, args.mooncake_protocol)]
+        if tp > 1:
+            argv += ["--tensor-parallel-size", str(tp)]
         servers.append(LocalServer(argv, env, log_dir / f"{name}.log", api_key=api_key, new_session=False))
     return servers
 
@@ -109,6 +124,10 @@ def main(argv: Sequence[str]) -> int:
     if any(a.split("=", 1)[0].replace("_", "-") == "--kv-transfer-config" for a in serve_args):
         print(f"{PROG}: error: --kv-transfer-config is set by {PROG} (one kv_producer or kv_consumer config per "
               "instance); leave it out (--mooncake-protocol chooses the transport)", file=sys.stderr)
+        return 2
+    if any(a.split("=", 1)[0].replace("_", "-") in ("--tensor-parallel-size", "-tp") for a in serve_args):
+        print(f"{PROG}: error: --tensor-parallel-size is set per role by {PROG}; use --prefill-tp and --decode-tp "
+              "(whole numbers >= 1); nothing was started", file=sys.stderr)
         return 2
     protocol_problem = mooncake_protocol_problem({"mooncake_protocol": args.mooncake_protocol}, "--mooncake-protocol")
     if protocol_problem is not None:
