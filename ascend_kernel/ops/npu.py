@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from ascend_kernel.ops.graph_ops import PAGED_ATTENTION_OUT_SCHEMA, RESHAPE_AND_CACHE_SCHEMA, no_result
+from ascend_kernel.ops.graph_ops import (
+    PAGED_ATTENTION_MLA_OUT_SCHEMA,
+    PAGED_ATTENTION_OUT_SCHEMA,
+    RESHAPE_AND_CACHE_SCHEMA,
+    no_result,
+)
 from ascend_kernel.ops.mc2_npu import TorchNpuMC2Ops
 from ascend_kernel.ops.moe_npu import TorchNpuMoEOps
 from ascend_kernel.ops.opaque import seam_op
@@ -97,6 +102,14 @@ class TorchNpuOps(TorchNpuMoEOps, TorchNpuMC2Ops):
                                            scale_value=scale, block_table=block_table, context_lens=context_lens,
                                            mla_vheadsize=v_head_size, out=out)
         return out
+
+    @seam_op("paged_attention_mla_out", PAGED_ATTENTION_MLA_OUT_SCHEMA, no_result)
+    def paged_attention_mla_out(self, query, kv_cache, block_table, context_lens, scale, num_heads, v_head_size,
+                                out) -> None:
+        # the kernel's documented form: one latent KV head, values = the first mla_vheadsize columns; no workspace
+        self._npu._npu_paged_attention_mla(query=query, key_cache=kv_cache, num_kv_heads=1, num_heads=num_heads,
+                                           scale_value=scale, block_table=block_table, context_lens=context_lens,
+                                           mla_vheadsize=v_head_size, out=out)
 
     def lightning_indexer(self, query, key_cache, weights, query_lens, context_lens, block_table, sparse_count):
         # CANN custom op (registered by the Ascend custom-ops package under torch.ops.custom); it takes the

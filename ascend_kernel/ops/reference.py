@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from ascend_kernel.ops.graph_ops import PAGED_ATTENTION_OUT_SCHEMA, RESHAPE_AND_CACHE_SCHEMA, no_result
+from ascend_kernel.ops.graph_ops import (
+    PAGED_ATTENTION_MLA_OUT_SCHEMA,
+    PAGED_ATTENTION_OUT_SCHEMA,
+    RESHAPE_AND_CACHE_SCHEMA,
+    no_result,
+)
 from ascend_kernel.ops.mc2_reference import ReferenceMC2Ops
 from ascend_kernel.ops.moe_reference import ReferenceMoEOps
 from ascend_kernel.ops.opaque import seam_op
@@ -181,6 +186,14 @@ class ReferenceOps(ReferenceMoEOps, ReferenceMC2Ops):
             allowed = torch.ones(1, length, dtype=torch.bool, device=query.device)
             out[i : i + 1] = _attend(query[i : i + 1], rows, rows[..., :v_head_size], allowed, scale)
         return out
+
+    @seam_op("paged_attention_mla_out", PAGED_ATTENTION_MLA_OUT_SCHEMA, no_result)
+    def paged_attention_mla_out(self, query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                                context_lens: torch.Tensor, scale: float, num_heads: int, v_head_size: int,
+                                out: torch.Tensor) -> None:
+        """:meth:`paged_attention_mla` written into ``out`` (a captured graph's buffer)."""
+        out.copy_(self.paged_attention_mla(query, kv_cache, block_table, context_lens, scale, num_heads,
+                                           v_head_size))
 
     def lightning_indexer(self, query: torch.Tensor, key_cache: torch.Tensor, weights: torch.Tensor,
                           query_lens: torch.Tensor, context_lens: torch.Tensor, block_table: torch.Tensor,

@@ -18,14 +18,16 @@ Where it lives and how the pieces find it:
   decode branch sees it (:func:`captured_decode`), checks the pass against
   vLLM's forward context (runtime mode FULL, the batch descriptor's size) and
   issues its layer's paged attention through :meth:`DecodeGraphParams.paged_attention`:
-  one task group per layer, recorded under the graph with the layer's name;
+  one task group per layer, recorded under the graph with the layer's name.
+  The Ascend MLA impl does the same with its latent-cache decode
+  (:func:`captured_mla_decode`, :meth:`DecodeGraphParams.paged_attention_mla`);
 * replay: before the wrapper replays a FULL graph it calls
   :meth:`DecodeGraphParams.before_replay` with the graph and the pass's
   forward context; each recorded task is re-issued inside
   ``device.graph_task_update`` with the host lengths of its layer's metadata
   for this step (``forward_context.attn_metadata[layer_name].seq_lens``, which
   the Ascend builder keeps in one host buffer, padded requests at length 1:
-  :mod:`.host_lengths`).
+  :mod:`.host_lengths`; for MLA ``.decode.host_seq_lens``, kept the same way).
 
 All device work goes through the device seam and the ops seam, so a recording
 stand-in (``tests/graph_standin.py``) checks the protocol on a CPU.
@@ -35,34 +37,52 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Hashable
 
 import torch
 
 
+#: where a layer's metadata keeps the step's host lengths, per attention kind
+STANDARD_LENGTHS = "seq_lens"
+MLA_LENGTHS = "decode.host_seq_lens"
+
+
 @dataclass
 class AttentionTask:
-    """One layer's captured paged-attention call: its task group and what it was issued with."""
+    """One layer's captured decode-attention call: its task group, which seam op, and what it was issued with.
+
+    ``args`` are the op's positional arguments with the lengths at
+    ``lengths_at``; a re-issue swaps in the step's lengths there and keeps
+    every other argument (the captured buffers) as it was. ``lengths_in`` is
+    the dotted attribute of the layer's attention metadata that holds the
+    step's host lengths (:data:`STANDARD_LENGTHS`, :data:`MLA_LENGTHS`).
+    """
 
     layer_name: str | None
     group: Any
-    query: torch.Tensor
-    key_cache: torch.Tensor
-    value_cache: torch.Tensor
-    block_table: torch.Tensor
-    seq_lens: torch.Tensor
-    scale: float
-    num_heads: int
-    num_kv_heads: int
-    out: torch.Tensor
-    workspace: torch.Tensor | None
+    op: str
+    args: tuple[Any, ...]
+    lengths_at: int
+    lengths_in: str = STANDARD_LENGTHS
+
+    @property
+    def seq_lens(self) -> torch.Tensor:
+        """The lengths the task was last issued with."""
+        return self.args[self.lengths_at]
+
+    def with_lengths(self, seq_lens: torch.Tensor) -> tuple[Any, ...]:
+        """The task's arguments with ``seq_lens`` in place of its lengths."""
+        return self.args[:self.lengths_at] + (seq_lens,) + self.args[self.lengths_at + 1:]
 
 
 class DecodeGraphParams:
     """Per captured graph, the attention tasks of the decode graph, re-issued with new lengths before a replay.
 
     ``key`` in the methods below names a captured graph: the graph object when
-    driven by the ACL wrapper, any hashable in direct use.
+    driven by the ACL wrapper, any hashable in direct use. A task is either
+    kind of decode attention (standard paged attention or MLA's); each task
+    records which seam op it issued, so one instance serves a model of either.
     """
 
     def __init__(self, device: Any, ops: Any, update_stream: Any = None) -> None:
@@ -86,12 +106,27 @@ class DecodeGraphParams:
         """
         args = (query, key_cache, value_cache, block_table, seq_lens, scale, num_heads, num_kv_heads)
         workspace = self._workspace(key, *args, out)
-        with self.device.graph_task_group(self.device.current_stream()) as group:
-            self.ops.paged_attention_out(*args, out, workspace)
-        self.tasks.setdefault(key, []).append(
-            AttentionTask(layer_name, group, query, key_cache, value_cache, block_table, seq_lens, scale, num_heads,
-                          num_kv_heads, out, workspace))
+        self._record(key, AttentionTask(layer_name, None, "paged_attention_out", (*args, out, workspace), 4))
         return out
+
+    def paged_attention_mla(self, key: Hashable, query: torch.Tensor, kv_cache: torch.Tensor,
+                            block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float, num_heads: int,
+                            v_head_size: int, out: torch.Tensor, layer_name: str | None = None) -> torch.Tensor:
+        """Issue one layer's MLA decode, inside the capture of graph ``key``, as an updatable task.
+
+        No workspace: the MLA kernel has no workspace query to size one with
+        (see :mod:`ascend_kernel.ops.graph_ops`). At replay its lengths come
+        from the layer's ``decode.host_seq_lens``.
+        """
+        args = (query, kv_cache, block_table, seq_lens, scale, num_heads, v_head_size, out)
+        self._record(key, AttentionTask(layer_name, None, "paged_attention_mla_out", args, 3, MLA_LENGTHS))
+        return out
+
+    def _record(self, key: Hashable, task: AttentionTask) -> None:
+        with self.device.graph_task_group(self.device.current_stream()) as group:
+            getattr(self.ops, task.op)(*task.args)
+        task.group = group
+        self.tasks.setdefault(key, []).append(task)
 
     def _workspace(self, key: Hashable, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                    block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float, num_heads: int,
@@ -129,17 +164,22 @@ class DecodeGraphParams:
             if layer is None:
                 raise KeyError(f"no attention metadata for layer {task.layer_name!r} in this pass: its captured "
                                f"attention task cannot be updated (layers with metadata: {sorted(metadata)})")
-            self._reissue(graph, task, layer.seq_lens)
+            try:
+                lengths = attrgetter(task.lengths_in)(layer)
+            except AttributeError as e:
+                raise KeyError(f"the metadata of layer {task.layer_name!r} has no {task.lengths_in} (a decode "
+                               f"batch's host lengths): its captured {task.op} task cannot be updated") from e
+            self._reissue(graph, task, lengths)
         return len(tasks)
 
     def _reissue(self, key: Hashable, task: AttentionTask, seq_lens: torch.Tensor) -> None:
         if seq_lens.shape != task.seq_lens.shape:
             raise ValueError(f"graph {key!r} was captured with {tuple(task.seq_lens.shape)} sequence lengths; "
                              f"got {tuple(seq_lens.shape)} (pad the batch to the size)")
+        args = task.with_lengths(seq_lens)
         with self.device.graph_task_update(task.group, self.update_stream):
-            self.ops.paged_attention_out(task.query, task.key_cache, task.value_cache, task.block_table, seq_lens,
-                                         task.scale, task.num_heads, task.num_kv_heads, task.out, task.workspace)
-        task.seq_lens = seq_lens
+            getattr(self.ops, task.op)(*args)
+        task.args = args
 
     def forget(self, key: Hashable) -> None:
         """Drop the tasks and workspaces recorded for graph ``key`` (its wrapper cleared it)."""
@@ -171,10 +211,8 @@ def decode_graph_params(device: Any, ops: Any) -> DecodeGraphParams:
     return params
 
 
-def captured_decode(capture: Any, ops: Any, layer_name: str | None, query: torch.Tensor, key_cache: torch.Tensor,
-                    value_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                    num_heads: int, num_kv_heads: int, out: torch.Tensor) -> torch.Tensor:
-    """One layer's attention inside an ACL FULL capture: single-token decode as an updatable task group.
+def _check_decode_capture(tokens: int, requests: int, kind: str) -> None:
+    """Refuse a FULL capture that is not uniform single-token decode at the size vLLM's forward context names.
 
     vLLM's forward context says which pass this is: runtime mode FULL and the
     batch descriptor of the size being captured. Only uniform single-token
@@ -191,11 +229,32 @@ def captured_decode(capture: Any, ops: Any, layer_name: str | None, query: torch
     if context.cudagraph_runtime_mode != CUDAGraphMode.FULL or descriptor is None:
         raise RuntimeError(f"an ACL FULL capture is in progress but the forward context says "
                            f"{context.cudagraph_runtime_mode} with descriptor {descriptor}")
-    tokens, requests = query.shape[0], seq_lens.shape[0]
     if tokens != descriptor.num_tokens or tokens != requests:
         raise NotImplementedError(
-            f"ACL FULL capture of {descriptor}: the Ascend backend captures single-token decode only "
+            f"ACL FULL capture of {descriptor}: the Ascend {kind} backend captures single-token decode only "
             f"({tokens} tokens for {requests} requests); its lengths would be frozen in any other kernel")
+
+
+def captured_decode(capture: Any, ops: Any, layer_name: str | None, query: torch.Tensor, key_cache: torch.Tensor,
+                    value_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                    num_heads: int, num_kv_heads: int, out: torch.Tensor) -> torch.Tensor:
+    """One layer's attention inside an ACL FULL capture: single-token decode as an updatable task group."""
+    _check_decode_capture(query.shape[0], seq_lens.shape[0], "paged-attention")
     return decode_graph_params(capture.device, ops).paged_attention(
         capture.graph, query, key_cache, value_cache, block_table, seq_lens, scale, num_heads, num_kv_heads, out,
+        layer_name=layer_name)
+
+
+def captured_mla_decode(capture: Any, ops: Any, layer_name: str | None, query: torch.Tensor,
+                        kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                        num_heads: int, v_head_size: int, out: torch.Tensor) -> torch.Tensor:
+    """One MLA layer's decode inside an ACL FULL capture, as an updatable task group.
+
+    ``seq_lens`` must be the host lengths the MLA builder keeps for decode
+    (``decode.host_seq_lens``): that is where :meth:`DecodeGraphParams.before_replay`
+    reads the step's lengths for this task.
+    """
+    _check_decode_capture(query.shape[0], seq_lens.shape[0], "MLA")
+    return decode_graph_params(capture.device, ops).paged_attention_mla(
+        capture.graph, query, kv_cache, block_table, seq_lens, scale, num_heads, v_head_size, out,
         layer_name=layer_name)

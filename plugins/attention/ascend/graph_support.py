@@ -5,10 +5,10 @@ dispatches full graphs, and downgrades the graph mode when the answer is too
 low. The honest answer differs by device:
 
 * on an NPU, what a captured graph replays must be kept current by the backend
-  itself: the standard backend re-issues its single-token decode tasks with
-  each batch's lengths (see :mod:`.graph_params`), so it declares single-token
-  decode; the MLA and SFA backends do not update their tasks (their kernels
-  also read lengths on the host), so they declare none;
+  itself: the standard and MLA backends re-issue their single-token decode
+  tasks with each batch's lengths (see :mod:`.graph_params`), so they declare
+  single-token decode; the SFA backend does not update its tasks (its kernels
+  also read lengths on the host), so it declares none;
 * on a CPU (the ``cpu-graph`` mode) attention is an opaque op inside the
   captured artifact and runs its kernels at every replay with that step's
   metadata, so any uniform batch is safe, speculative decoding's several query

@@ -7,7 +7,14 @@ non-absorbed prefill (MHA). This backend supplies
 * the cache write: the latent ``kv_c`` and rotary key ``k_pe`` go to the
   layer's nope and rope caches (the MLA layout's split of one page) with the
   same ``reshape_and_cache`` kernel as standard attention;
-* the decode: ``paged_attention_mla`` over the latent cache.
+* the decode: ``paged_attention_mla`` over the latent cache, with the step's
+  host lengths, which the builder adds to vLLM's decode metadata
+  (``decode.host_seq_lens``: one host buffer rewritten each step, padded
+  requests at length 1, as the standard builder keeps them,
+  :mod:`.host_lengths`). Inside an ACL FULL capture (FULL_DECODE_ONLY on an
+  NPU) the decode is issued into a captured buffer as one updatable task group
+  per layer (:func:`.graph_params.captured_mla_decode`), re-issued with each
+  step's host lengths before a replay.
 
 * the prefill (:class:`AscendMLAPrefillBackend`): causal flash attention over
   the new tokens, chosen through the platform's MLA-prefill seam.
@@ -15,11 +22,13 @@ non-absorbed prefill (MHA). This backend supplies
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from vllm.model_executor.layers.attention.mla_attention import (
     MLACommonBackend,
+    MLACommonDecodeMetadata,
     MLACommonImpl,
     MLACommonMetadata,
     MLACommonMetadataBuilder,
@@ -29,6 +38,10 @@ from vllm.v1.attention.backends.mla.prefill.base import MLAPrefillBackend
 
 from ascend_kernel import kernel as kernel_mod
 from ascend_kernel.ops import get_ops
+from ascend_kernel_plugins.attention.ascend.backend import host_seq_lens_are_exact
+from ascend_kernel_plugins.attention.ascend.graph_params import captured_mla_decode
+from ascend_kernel_plugins.attention.ascend.host_lengths import StepHostLengths, host_lengths_capacity
+from ascend_kernel_plugins.graph.capture_session import active_full_capture
 
 
 class AscendMLABackend(MLACommonBackend):
@@ -53,14 +66,65 @@ class AscendMLABackend(MLACommonBackend):
         return AscendMLAMetadataBuilder
 
 
+@dataclass
+class AscendMLADecodeMetadata(MLACommonDecodeMetadata):
+    """vLLM's MLA decode metadata plus the host lengths Ascend's MLA kernel takes.
+
+    ``host_seq_lens`` is int32 on the host, one per decode request, padded
+    requests at length 1; for the step's own batch it is a view of the
+    builder's one buffer (what a captured task was issued from).
+    """
+
+    host_seq_lens: torch.Tensor | None = None
+
+
 class AscendMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
-    """vLLM's MLA metadata, with the full-graph support the Ascend MLA decode really has (per device)."""
+    """vLLM's MLA metadata with the decode's host lengths, and the full-graph support the Ascend MLA decode has."""
+
+    def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device,
+                 **kwargs: Any) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device, **kwargs)
+        self.host_seq_lens_exact = host_seq_lens_are_exact(vllm_config)
+        #: the step's decode lengths, rewritten in place each step (what captured MLA decode tasks were issued from)
+        self.host_lengths = StepHostLengths(host_lengths_capacity(vllm_config))
 
     @classmethod
     def get_cudagraph_support(cls, vllm_config: Any, kv_cache_spec: Any) -> AttentionCGSupport:
         from ascend_kernel_plugins.attention.ascend.graph_support import full_graph_support
 
-        return full_graph_support(AttentionCGSupport.NEVER)
+        return full_graph_support(AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE)
+
+    def build(self, common_prefix_len: int, common_attn_metadata: Any,
+              fast_build: bool = False) -> MLACommonMetadata:
+        metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
+        return self._with_host_lengths(metadata, common_attn_metadata, drafting=False)
+
+    def build_for_drafting(self, common_attn_metadata: Any, draft_index: int) -> MLACommonMetadata:
+        """A drafter's pass: its lengths are its own, so they stay out of the step's buffer."""
+        metadata = super().build(0, common_attn_metadata, fast_build=True)
+        return self._with_host_lengths(metadata, common_attn_metadata, drafting=True)
+
+    def _with_host_lengths(self, metadata: MLACommonMetadata, m: Any, drafting: bool) -> MLACommonMetadata:
+        """Give the decode metadata its host lengths (decode requests come first in vLLM's MLA batches).
+
+        From the runner's host copy when that is exact (see
+        :func:`~.backend.host_seq_lens_are_exact`), else from the device
+        tensor (drafters advance it without the host copy; decode context
+        parallelism makes it rank-local).
+        """
+        decode = metadata.decode
+        if decode is None:
+            return metadata
+        n = metadata.num_decodes
+        host = m.seq_lens_cpu_upper_bound
+        if self.host_seq_lens_exact and host is not None and not drafting and self.dcp_world_size == 1:
+            lengths = host[:n].to(torch.int32)
+        else:
+            lengths = decode.seq_lens.to("cpu", torch.int32)
+        lengths = lengths.clamp(min=1) if drafting else self.host_lengths.write(lengths)
+        metadata.decode = AscendMLADecodeMetadata(decode.block_table, decode.seq_lens, decode.dcp_tot_seq_lens,
+                                                  host_seq_lens=lengths)
+        return metadata
 
     def build_for_cudagraph_capture(self, common_attn_metadata: Any) -> MLACommonMetadata:
         """The capture batch's metadata, whatever its query length.
@@ -70,6 +134,8 @@ class AscendMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         sends longer uniform queries (speculative decoding's verification)
         down its prefill path, as it does outside graphs; on a CPU the
         captured artifact runs attention at every replay, so that is safe.
+        On an NPU the builder declares single-token decode only, so vLLM
+        captures no longer queries (and the captured decode refuses them).
         """
         return self.build(0, common_attn_metadata)
 
@@ -116,8 +182,20 @@ class AscendMLAImpl(MLACommonImpl[MLACommonMetadata]):
                 f"{decode.block_table.shape[0]} requests); multi-token decode is not implemented"
             )
         cache = kv_c_and_k_pe_cache.unsqueeze(2)  # [blocks, block_size, 1, rank + rope]
-        out = self.ops.paged_attention_mla(q, cache, decode.block_table.to(torch.int32),
-                                           decode.seq_lens.to(torch.int32), self.scale, q.shape[1],
+        block_table = decode.block_table.to(torch.int32)
+        lengths = getattr(decode, "host_seq_lens", None)
+        capture = active_full_capture()
+        if capture is not None:  # recorded into an ACL FULL graph: a task group updated before each replay
+            if lengths is None:
+                raise RuntimeError("an ACL FULL capture of MLA decode needs the builder's host lengths "
+                                   "(decode.host_seq_lens, set by AscendMLAMetadataBuilder)")
+            out = q.new_empty(q.shape[0], q.shape[1], self.kv_lora_rank)
+            captured_mla_decode(capture, self.ops, getattr(layer, "layer_name", None), q, cache, block_table,
+                                lengths, self.scale, q.shape[1], self.kv_lora_rank, out)
+            return out, None
+        if lengths is None:  # metadata from vLLM's own builder
+            lengths = decode.seq_lens.to("cpu", torch.int32)
+        out = self.ops.paged_attention_mla(q, cache, block_table, lengths, self.scale, q.shape[1],
                                            self.kv_lora_rank)
         return out, None
 

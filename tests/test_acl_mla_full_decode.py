@@ -1,0 +1,474 @@
+"""FULL_DECODE_ONLY for MLA: the real Ascend MLA builder and impl inside the real ACL wrapper.
+
+A two-layer latent-attention decoder calls the real :class:`AscendMLAImpl`
+(its cache write and its weight-absorbed decode, ``forward_mqa``) with the
+metadata the real :class:`AscendMLAMetadataBuilder` builds for each step, as
+vLLM's MLA layer does. It is wrapped in the real :class:`AclGraphWrapper`
+(runtime mode FULL) on the recording stand-in of the device graphs
+(``tests/graph_standin.py``) with the reference ops provider: captured once
+at the padded size, then replayed over steps with other sequence lengths.
+
+Oracles: the same decoder run eagerly (the reference provider's
+``paged_attention_mla``) and an independent one, plain torch softmax
+attention over each request's latent rows gathered by its block table. A
+replay whose MLA tasks were not re-issued with the step's lengths fails on
+the stand-in (``StaleTaskParamError``), as the NPU would silently use the
+capture's lengths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from graph_standin import RecordingGraphDevice, StaleTaskParamError
+
+from ascend_kernel_plugins.attention.states import AttentionState
+
+H, RANK, ROPE, BLOCK, MAX_BLOCKS, N = 4, 512, 64, 16, 4, 4  # DeepSeek's latent sizes (vLLM's MLA checks them)
+LATENT = RANK + ROPE
+HIDDEN = 64
+SCALE = (128 + ROPE) ** -0.5
+LAYERS = ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")
+#: request r owns blocks 1 + 4r .. 4 + 4r; block 0 is vLLM's null block (padding rows point there)
+TABLE = torch.arange(1, 1 + N * MAX_BLOCKS, dtype=torch.int32).view(N, MAX_BLOCKS)
+NUM_BLOCKS = 1 + N * MAX_BLOCKS
+STEPS = ([5, 17, 33], [6, 18, 34, 64])  # three requests padded to 4, then four (a block boundary crossed)
+MLA_OP = "ascend_kernel::paged_attention_mla_out"
+
+
+class PrefillBackendStandin:
+    """What vLLM's MLA builder copies from its layer's prefill backend; decode-only steps never use it."""
+
+    def clone(self) -> "PrefillBackendStandin":
+        return self
+
+
+@dataclass
+class LayerDims:
+    """The MLA sizes vLLM's builder reads from a layer in the static forward context."""
+
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = RANK
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = ROPE
+    v_head_dim: int = 128
+    prefill_backend: Any = None
+
+
+@pytest.fixture(scope="module")
+def vllm_config(tmp_path_factory):
+    from vllm.config import ModelConfig, VllmConfig
+
+    from ascend_kernel.models import create_tiny_model
+
+    path = create_tiny_model("deepseek_v2", tmp_path_factory.mktemp("model") / "deepseek_v2")
+    config = VllmConfig(model_config=ModelConfig(model=str(path), max_model_len=MAX_BLOCKS * BLOCK))
+    for name in LAYERS:
+        config.compilation_config.static_forward_context[name] = LayerDims(prefill_backend=PrefillBackendStandin())
+    return config
+
+
+@pytest.fixture
+def kernel(monkeypatch):
+    """A CPU kernel (reference ops) and no live step, as in vLLM's capture runs."""
+    from ascend_kernel import kernel as kernel_mod
+    from ascend_kernel.runner import kernel_runner
+
+    monkeypatch.setattr(kernel_mod, "_current", kernel_mod.build_kernel(kernel_mod.load_settings({}), "cpu"))
+    monkeypatch.setattr(kernel_runner.LIVE, "outcome", kernel_runner.NO_RUNNER)
+    return kernel_mod.current()
+
+
+def live_decode_step(monkeypatch):
+    """Publish a scheduled decode step, as the kernel runner does before each real step's forward."""
+    from ascend_kernel.runner import kernel_runner
+
+    step = kernel_runner.StepOutcome(AttentionState.DecodeOnly, "DecodeOnly", False, None, None)
+    monkeypatch.setattr(kernel_runner.LIVE, "outcome", step)
+
+
+def modes():
+    from vllm.config.compilation import CUDAGraphMode
+
+    return CUDAGraphMode
+
+
+@contextlib.contextmanager
+def forward(mode, metadata):
+    """The forward context vLLM's runner publishes for one pass of a uniform decode batch of N."""
+    from vllm.forward_context import BatchDescriptor, ForwardContext, override_forward_context
+
+    ctx = ForwardContext(no_compile_layers={}, attn_metadata=metadata, slot_mapping={}, cudagraph_runtime_mode=mode,
+                         batch_descriptor=BatchDescriptor(num_tokens=N, num_reqs=N, uniform=True))
+    with override_forward_context(ctx):
+        yield
+
+
+@contextlib.contextmanager
+def capturing():
+    from vllm.compilation.monitor import set_cudagraph_capturing_enabled
+
+    set_cudagraph_capturing_enabled(True)
+    try:
+        yield
+    finally:
+        set_cudagraph_capturing_enabled(False)
+
+
+class Layer:
+    """What vLLM's MLA layer hands the impl about itself: its name (the key of its metadata)."""
+
+    def __init__(self, name: str) -> None:
+        self.layer_name = name
+
+
+def weights(seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """Per layer: the absorbed query (nope + rope per head), the latent KV row, the output projection."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"q": (HIDDEN, H * LATENT), "kv": (HIDDEN, LATENT), "o": (H * RANK, HIDDEN)}
+    return [{name: torch.randn(*shape, generator=g) / shape[0] ** 0.5 for name, shape in shapes.items()}
+            for _ in LAYERS]
+
+
+def fresh_caches(seed: int = 1) -> list[torch.Tensor]:
+    """vLLM's MLA cache per layer, [blocks, block tokens, rank + rope], holding earlier tokens' latent rows."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(NUM_BLOCKS, BLOCK, LATENT, generator=g) for _ in LAYERS]
+
+
+def mla_layer(impl, name: str, w: dict[str, torch.Tensor], cache: torch.Tensor, meta, h: torch.Tensor):
+    """One layer's MLA: the cache write and the decode through the real impl, as vLLM's MLA layer calls them."""
+    latent = h @ w["kv"]
+    impl.do_kv_cache_update(latent[:, :RANK], latent[:, RANK:], cache, meta.slot_mapping, "auto", None)
+    q = (h @ w["q"]).view(-1, H, LATENT)
+    out, lse = impl.forward_mqa((q[..., :RANK], q[..., RANK:]), cache, meta, Layer(name))
+    assert lse is None
+    return out
+
+
+class Decoder:
+    """Two MLA decoder layers (the real Ascend MLA impl, output projection, residual); counts its Python calls."""
+
+    def __init__(self, impl, w, caches) -> None:
+        self.impl, self.w, self.caches, self.calls = impl, w, caches, 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from vllm.forward_context import get_forward_context
+
+        self.calls += 1
+        metadata = get_forward_context().attn_metadata
+        h = x
+        for name, w, cache in zip(LAYERS, self.w, self.caches):
+            out = mla_layer(self.impl, name, w, cache, metadata[name], h)
+            h = h + out.reshape(h.shape[0], H * RANK) @ w["o"]
+        return h
+
+
+class Runner:
+    """The runner's side of a step: persistent buffers written in place, metadata from the real MLA builder."""
+
+    def __init__(self, builder) -> None:
+        self.builder = builder
+        self.x = torch.zeros(N, HIDDEN)
+        self.query_start = torch.zeros(N + 1, dtype=torch.int32)
+        self.seq_lens = torch.zeros(N, dtype=torch.int32)  # padded requests at 0
+        self.block_table = torch.zeros(N, MAX_BLOCKS, dtype=torch.int32)
+        self.slots = torch.full((N,), -1, dtype=torch.int64)
+
+    def capture_step(self) -> dict:
+        """vLLM's capture batch: N dummy requests of length 1 on the null block, nothing written to the cache."""
+        self.query_start.copy_(torch.arange(N + 1, dtype=torch.int32))
+        self.seq_lens.fill_(1)
+        self.block_table.zero_()
+        self.slots.fill_(-1)
+        return self._build(max_seq_len=1)
+
+    def decode_step(self, lens: list[int], x: torch.Tensor) -> dict:
+        """A decode step of ``len(lens)`` requests (one new token each at position len - 1), padded to N."""
+        r = len(lens)
+        self.x.zero_()
+        self.x[:r] = x
+        self.query_start.copy_(torch.tensor(list(range(r + 1)) + [r] * (N - r), dtype=torch.int32))
+        self.seq_lens.zero_()
+        self.seq_lens[:r] = torch.tensor(lens, dtype=torch.int32)
+        self.block_table.zero_()
+        self.block_table[:r] = TABLE[:r]
+        self.slots.fill_(-1)
+        last = torch.tensor(lens) - 1
+        self.slots[:r] = (TABLE[torch.arange(r), last // BLOCK] * BLOCK + last % BLOCK).long()
+        return self._build(max_seq_len=max(lens))
+
+    def _build(self, max_seq_len: int) -> dict:
+        from vllm.v1.attention.backend import CommonAttentionMetadata
+
+        common = CommonAttentionMetadata(
+            query_start_loc=self.query_start, query_start_loc_cpu=self.query_start, seq_lens=self.seq_lens,
+            seq_lens_cpu_upper_bound=self.seq_lens, num_reqs=N, num_actual_tokens=N, max_query_len=1,
+            max_seq_len=max_seq_len, block_table_tensor=self.block_table, slot_mapping=self.slots)
+        meta = self.builder.build(0, common)
+        return {name: meta for name in LAYERS}  # one KV-cache group: every layer reads the same metadata
+
+
+def softmax_oracle(w, caches, x: torch.Tensor, lens: list[int]) -> torch.Tensor:
+    """The real requests' outputs by plain softmax attention over each request's latent rows.
+
+    Keys are whole latent rows, values their first ``RANK`` columns. Writes
+    the step's latent rows into ``caches`` first (plain indexing, its own
+    copy of the cache history).
+    """
+    h = x.clone()
+    for w_l, cache in zip(w, caches):
+        q = (h @ w_l["q"]).view(-1, H, LATENT)
+        latent = h @ w_l["kv"]
+        rows = []
+        for r, length in enumerate(lens):
+            pos = length - 1
+            cache[int(TABLE[r, pos // BLOCK]), pos % BLOCK] = latent[r]
+            positions = torch.arange(length)
+            keys = cache[TABLE[r, positions // BLOCK].long(), positions % BLOCK]  # [L, LATENT]
+            probs = torch.softmax((q[r] @ keys.T) * SCALE, dim=-1)  # [H, L]
+            rows.append((probs @ keys[:, :RANK]).reshape(H * RANK))
+        h = h + torch.stack(rows) @ w_l["o"]
+    return h
+
+
+def make_impl():
+    from ascend_kernel_plugins.attention.ascend.mla import AscendMLAImpl
+
+    return AscendMLAImpl(H, LATENT, SCALE, 1, None, None, "auto", None, "decoder", None, q_lora_rank=None,
+                         kv_lora_rank=RANK, qk_nope_head_dim=128, qk_rope_head_dim=ROPE, qk_head_dim=128 + ROPE,
+                         v_head_dim=128, kv_b_proj=None)
+
+
+def make_builder(vllm_config):
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    from ascend_kernel_plugins.attention.ascend.mla import AscendMLAMetadataBuilder
+
+    spec = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=LATENT, dtype=torch.float32)
+    return AscendMLAMetadataBuilder(spec, list(LAYERS), vllm_config, torch.device("cpu"))
+
+
+@pytest.fixture
+def full_graph(kernel, vllm_config):
+    """The decoder captured once in a FULL ACL graph (stand-in device), plus an eager twin and the runner."""
+    from ascend_kernel_plugins.graph.acl_wrapper import AclGraphWrapper
+
+    device, impl, w = RecordingGraphDevice(), make_impl(), weights()
+    model = Decoder(impl, w, fresh_caches())
+    eager = Decoder(impl, w, fresh_caches())
+    wrapper = AclGraphWrapper(model, None, modes().FULL, device=device)
+    runner = Runner(make_builder(vllm_config))
+    with capturing(), forward(modes().FULL, runner.capture_step()):
+        wrapper(runner.x)
+    return device, impl, w, model, eager, wrapper, runner
+
+
+def run_step(monkeypatch, graph_parts, lens, x):
+    """One decode step: buffers written, metadata built, the graph replayed and the eager twin run."""
+    _, _, w, model, eager, wrapper, runner = graph_parts
+    live_decode_step(monkeypatch)
+    oracle = softmax_oracle(w, [c.clone() for c in eager.caches], x, lens)
+    metadata = runner.decode_step(lens, x)
+    with forward(modes().FULL, metadata):
+        replayed = wrapper(runner.x).clone()
+    with forward(modes().NONE, metadata):
+        reference = eager(runner.x.clone())
+    return replayed, reference, oracle, metadata
+
+
+def test_capture_records_one_updatable_mla_task_per_layer(full_graph):
+    from ascend_kernel_plugins.attention.ascend.graph_params import MLA_LENGTHS, decode_graph_params
+    from ascend_kernel_plugins.graph.capture_session import replay_preparers
+
+    device, impl, _, model, _, _, runner = full_graph
+    (graph,) = device.graphs
+    assert model.calls == 1 and graph.captured
+    assert graph.ops().count(MLA_OP) == 2
+    assert graph.ops().count("ascend_kernel::reshape_and_cache") == 2, "the latent cache write is one task per layer"
+    assert [[t.op._schema.name for t in graph.tasks[g.start:g.end]] for g in graph.groups] == [[MLA_OP]] * 2
+    params = decode_graph_params(device, impl.ops)
+    assert replay_preparers(device) == [params]
+    tasks = params.tasks[graph]
+    assert [t.layer_name for t in tasks] == list(LAYERS)
+    assert all(t.op == "paged_attention_mla_out" and t.lengths_in == MLA_LENGTHS for t in tasks)
+    assert params.workspaces == {}, "the MLA kernel takes no workspace"
+    # vLLM captures with length-1 dummy requests: the tasks were issued from the builder's one host buffer
+    assert runner.builder.host_lengths.buffer[:N].tolist() == [1] * N
+    assert all(t.seq_lens.data_ptr() == runner.builder.host_lengths.buffer.data_ptr() for t in tasks)
+
+
+def test_replays_with_new_lengths_equal_eager_and_softmax_oracle(full_graph, monkeypatch):
+    device, _, _, model, eager, _, runner = full_graph
+    gen = torch.Generator().manual_seed(2)
+    for lens in STEPS:
+        x = torch.randn(len(lens), HIDDEN, generator=gen)
+        replayed, reference, oracle, metadata = run_step(monkeypatch, full_graph, lens, x)
+        r = len(lens)
+        torch.testing.assert_close(replayed[:r], oracle, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(replayed, reference, rtol=1e-5, atol=1e-5)
+        for graph_cache, eager_cache in zip(model.caches, eager.caches):
+            torch.testing.assert_close(graph_cache, eager_cache)
+        decode = metadata[LAYERS[0]].decode
+        assert decode.host_seq_lens.tolist() == lens + [1] * (N - r), "padded requests read length 1 (null block)"
+        assert decode.host_seq_lens.data_ptr() == runner.builder.host_lengths.buffer.data_ptr()
+    assert model.calls == 1, "replays ran the recorded tasks, not the model's Python"
+    assert device.graphs[0].replays == len(STEPS)
+    assert device.updates == 2 * len(STEPS), "both layers' MLA tasks re-issued before every replay"
+
+
+def test_a_replay_without_the_update_is_caught(full_graph, monkeypatch):
+    from ascend_kernel_plugins.attention.ascend.graph_params import decode_graph_params
+    from ascend_kernel_plugins.graph.capture_session import register_replay_preparer, unregister_replay_preparer
+
+    device, impl, *_ = full_graph
+    params = decode_graph_params(device, impl.ops)
+    gen = torch.Generator().manual_seed(3)
+    run_step(monkeypatch, full_graph, STEPS[0], torch.randn(3, HIDDEN, generator=gen))
+    unregister_replay_preparer(device, params)  # a wrapper that forgets to update before replaying
+    with pytest.raises(StaleTaskParamError) as info:
+        run_step(monkeypatch, full_graph, STEPS[1], torch.randn(4, HIDDEN, generator=gen))
+    assert "paged_attention_mla_out" in str(info.value) and "context_lens=[5, 17, 33, 1]" in str(info.value)
+    assert device.graphs[0].replays == 1, "the stale replay ran nothing"
+    register_replay_preparer(device, params)  # updated again, the same step replays right
+    x = torch.randn(4, HIDDEN, generator=gen)
+    replayed, reference, oracle, _ = run_step(monkeypatch, full_graph, STEPS[1], x)
+    torch.testing.assert_close(replayed, oracle, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(replayed, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_full_capture_refuses_a_batch_other_than_the_size_it_captures(kernel, vllm_config):
+    """A decode of fewer requests than the captured size would freeze a batch vLLM never replays: refused."""
+    from ascend_kernel_plugins.graph.acl_wrapper import AclGraphWrapper
+
+    impl, w, caches = make_impl(), weights(), fresh_caches()
+    runner = Runner(make_builder(vllm_config))
+    metadata = runner.capture_step()
+    meta = metadata[LAYERS[0]]
+    decode = meta.decode
+    two_per_request = type(decode)(decode.block_table[:2], decode.seq_lens[:2], None,
+                                   host_seq_lens=decode.host_seq_lens[:2])
+    short = {name: type(meta)(**{**vars(meta), "decode": two_per_request}) for name in LAYERS}
+
+    def attention_only(x):  # two requests, one token each, inside a capture of size N
+        q = (x[:2] @ w[0]["q"]).view(-1, H, LATENT)
+        return impl.forward_mqa(q, caches[0], short[LAYERS[0]], Layer(LAYERS[0]))[0]
+
+    device = RecordingGraphDevice()
+    wrapper = AclGraphWrapper(attention_only, None, modes().FULL, device=device)
+    with capturing(), forward(modes().FULL, short), pytest.raises(NotImplementedError, match="MLA backend captures"):
+        wrapper(runner.x)
+    assert not device.graphs[0].groups
+
+
+# -- PIECEWISE: attention runs eagerly between captured pieces; nothing to update -------------
+
+
+class Piece:
+    """One captured piece of a piecewise model: a pure function of its tensor inputs."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __call__(self, *tensors: torch.Tensor):
+        return self.fn(*tensors)
+
+
+def test_piecewise_runs_mla_eagerly_and_records_no_task_groups(kernel, vllm_config, monkeypatch):
+    from ascend_kernel_plugins.graph.acl_wrapper import AclGraphWrapper
+    from ascend_kernel_plugins.graph.capture_session import replay_preparers
+
+    device, impl, w, caches = RecordingGraphDevice(), make_impl(), weights(), fresh_caches()
+    oracle_caches = [c.clone() for c in caches]
+    wrap = lambda fn: AclGraphWrapper(Piece(fn), None, modes().PIECEWISE, device=device)  # noqa: E731
+    heads_out = [torch.zeros(N, H, RANK) for _ in LAYERS]  # attention's result copied in: the next piece's input
+    out_proj = [wrap(lambda h, a, w_l=w_l: h + a.reshape(N, H * RANK) @ w_l["o"]) for w_l in w]
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        from vllm.forward_context import get_forward_context
+
+        metadata = get_forward_context().attn_metadata
+        h = x
+        for i, name in enumerate(LAYERS):
+            heads_out[i].copy_(mla_layer(impl, name, w[i], caches[i], metadata[name], h))
+            h = out_proj[i](h, heads_out[i])
+        return h
+
+    runner = Runner(make_builder(vllm_config))
+    with capturing(), forward(modes().PIECEWISE, runner.capture_step()):
+        model(runner.x)
+    live_decode_step(monkeypatch)
+    gen = torch.Generator().manual_seed(4)
+    for lens in STEPS:
+        x = torch.randn(len(lens), HIDDEN, generator=gen)
+        oracle = softmax_oracle(w, oracle_caches, x, lens)
+        metadata = runner.decode_step(lens, x)
+        with forward(modes().PIECEWISE, metadata):
+            out = model(runner.x).clone()
+        torch.testing.assert_close(out[:len(lens)], oracle, rtol=1e-4, atol=1e-4)
+    assert len(device.graphs) == 2 and all(g.replays == len(STEPS) for g in device.graphs)
+    assert not any(MLA_OP in g.ops() or g.groups for g in device.graphs)
+    assert device.updates == 0 and replay_preparers(device) == []
+
+
+# -- the pieces: support declarations, the op, the torch_npu call ------------------------------
+
+
+def test_mla_declares_single_token_decode_on_an_npu_and_sfa_still_none(monkeypatch):
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    from ascend_kernel import kernel as kernel_mod
+    from ascend_kernel_plugins.attention.ascend.mla import AscendMLAMetadataBuilder
+    from ascend_kernel_plugins.attention.ascend.sfa import AscendSFAMetadataBuilder
+
+    for kind, mla, sfa in (("npu", AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE, AttentionCGSupport.NEVER),
+                           ("cpu", AttentionCGSupport.UNIFORM_BATCH, AttentionCGSupport.UNIFORM_BATCH)):
+        monkeypatch.setattr(kernel_mod, "_current", SimpleNamespace(device=SimpleNamespace(kind=kind)))
+        assert AscendMLAMetadataBuilder.get_cudagraph_support(None, None) == mla, kind
+        assert AscendSFAMetadataBuilder.get_cudagraph_support(None, None) == sfa, kind
+
+
+def test_the_mla_out_op_holds_its_lengths_and_writes_what_the_eager_op_returns():
+    from ascend_kernel.ops.graph_ops import HOST_PARAMS
+    from ascend_kernel.ops.reference import ReferenceOps
+
+    assert HOST_PARAMS[MLA_OP] == ("context_lens",)
+    names = [a.name for a in torch.ops.ascend_kernel.paged_attention_mla_out.default._schema.arguments]
+    assert names[1:] == ["query", "kv_cache", "block_table", "context_lens", "scale", "num_heads", "v_head_size",
+                         "out"]
+    ops, g = ReferenceOps(), torch.Generator().manual_seed(5)
+    query, cache = torch.randn(3, H, LATENT, generator=g), torch.randn(NUM_BLOCKS, BLOCK, 1, LATENT, generator=g)
+    lens = torch.tensor([1, 16, 40], dtype=torch.int32)
+    out = torch.full((3, H, RANK), float("nan"))
+    ops.paged_attention_mla_out(query, cache, TABLE[:3], lens, SCALE, H, RANK, out)
+    torch.testing.assert_close(out, ops.paged_attention_mla(query, cache, TABLE[:3], lens, SCALE, H, RANK))
+
+
+class RecordingTorchNpu:
+    """Records the keyword calls the torch_npu provider makes (no NPU here)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def __getattr__(self, name: str):
+        return lambda **kwargs: self.calls.append((name, kwargs))
+
+
+def test_the_npu_provider_calls_the_documented_mla_kernel_without_a_workspace():
+    from ascend_kernel.ops.npu import TorchNpuOps
+
+    ops = TorchNpuOps.__new__(TorchNpuOps)  # its __init__ imports torch_npu
+    ops._npu = RecordingTorchNpu()
+    query, cache, lens, out = torch.zeros(2, H, LATENT), torch.zeros(3, BLOCK, 1, LATENT), torch.ones(2), object()
+    ops.paged_attention_mla_out(query, cache, TABLE[:2], lens, SCALE, H, RANK, out)
+    ((name, kwargs),) = ops._npu.calls
+    assert name == "_npu_paged_attention_mla"
+    assert list(kwargs) == ["query", "key_cache", "num_kv_heads", "num_heads", "scale_value", "block_table",
+                            "context_lens", "mla_vheadsize", "out"]
+    assert kwargs["key_cache"] is cache and kwargs["context_lens"] is lens and kwargs["out"] is out
+    assert (kwargs["num_kv_heads"], kwargs["num_heads"], kwargs["mla_vheadsize"]) == (1, H, RANK)
