@@ -19,20 +19,17 @@ fails (``StaleTaskParamError``), as the NPU would silently use the capture's.
 
 from __future__ import annotations
 
-import contextlib
 
 import pytest
 import torch
+from acl_decode_harness import (BLOCK, HIDDEN, LAYERS, MAX_BLOCKS, N, NUM_BLOCKS, STEPS, TABLE, Layer, Runner,
+                                forward, kernel, live_decode_step, modes)
 from graph_standin import RecordingGraphDevice, StaleTaskParamError, capturing
 
 from ascend_kernel_plugins.attention.states import AttentionState
 
-H, KVH, D, BLOCK, MAX_BLOCKS, N = 4, 2, 16, 16, 4, 4
-HIDDEN = H * D
-LAYERS = ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")
-#: request r owns blocks 1 + 4r .. 4 + 4r; block 0 is vLLM's null block (padding rows point there)
-TABLE = torch.arange(1, 1 + N * MAX_BLOCKS, dtype=torch.int32).view(N, MAX_BLOCKS)
-NUM_BLOCKS = 1 + N * MAX_BLOCKS
+H, KVH, D = 4, 2, 16
+assert HIDDEN == H * D
 
 
 @pytest.fixture(scope="module")
@@ -43,49 +40,6 @@ def vllm_config(tmp_path_factory):
 
     path = create_tiny_model("llama", tmp_path_factory.mktemp("model") / "llama")
     return VllmConfig(model_config=ModelConfig(model=str(path), max_model_len=MAX_BLOCKS * BLOCK))
-
-
-@pytest.fixture
-def kernel(monkeypatch):
-    """A CPU kernel (reference ops) and no live step, as in vLLM's capture runs."""
-    from ascend_kernel import kernel as kernel_mod
-    from ascend_kernel.runner import kernel_runner
-
-    monkeypatch.setattr(kernel_mod, "_current", kernel_mod.build_kernel(kernel_mod.load_settings({}), "cpu"))
-    monkeypatch.setattr(kernel_runner.LIVE, "outcome", kernel_runner.NO_RUNNER)
-    return kernel_mod.current()
-
-
-def live_decode_step(monkeypatch):
-    """Publish a scheduled decode step, as the kernel runner does before each real step's forward."""
-    from ascend_kernel.runner import kernel_runner
-
-    step = kernel_runner.StepOutcome(AttentionState.DecodeOnly, "DecodeOnly", False, None, None)
-    monkeypatch.setattr(kernel_runner.LIVE, "outcome", step)
-
-
-def modes():
-    from vllm.config.compilation import CUDAGraphMode
-
-    return CUDAGraphMode
-
-
-@contextlib.contextmanager
-def forward(mode, metadata):
-    """The forward context vLLM's runner publishes for one pass of a uniform decode batch of N."""
-    from vllm.forward_context import BatchDescriptor, ForwardContext, override_forward_context
-
-    ctx = ForwardContext(no_compile_layers={}, attn_metadata=metadata, slot_mapping={}, cudagraph_runtime_mode=mode,
-                         batch_descriptor=BatchDescriptor(num_tokens=N, num_reqs=N, uniform=True))
-    with override_forward_context(ctx):
-        yield
-
-
-class Layer:
-    """What vLLM's attention layer hands the impl about itself: its name (the key of its metadata)."""
-
-    def __init__(self, name: str) -> None:
-        self.layer_name = name
 
 
 def weights(seed: int = 0) -> list[dict[str, torch.Tensor]]:
@@ -117,51 +71,6 @@ class Decoder:
             self.impl.forward(Layer(name), h @ w["q"], h @ w["k"], h @ w["v"], cache, metadata[name], out)
             h = h + out @ w["o"]
         return h
-
-
-class Runner:
-    """The runner's side of a step: persistent buffers written in place, metadata from the real builder."""
-
-    def __init__(self, builder) -> None:
-        self.builder = builder
-        self.x = torch.zeros(N, HIDDEN)
-        self.query_start = torch.zeros(N + 1, dtype=torch.int32)
-        self.seq_lens = torch.zeros(N, dtype=torch.int32)  # vLLM's host copy: padded requests at 0
-        self.block_table = torch.zeros(N, MAX_BLOCKS, dtype=torch.int32)
-        self.slots = torch.full((N,), -1, dtype=torch.int64)
-
-    def capture_step(self) -> dict:
-        """vLLM's capture batch: N dummy requests of length 1 on the null block, nothing written to the cache."""
-        self.query_start.copy_(torch.arange(N + 1, dtype=torch.int32))
-        self.seq_lens.fill_(1)
-        self.block_table.zero_()
-        self.slots.fill_(-1)
-        return self._build(max_seq_len=1)
-
-    def decode_step(self, lens: list[int], x: torch.Tensor) -> dict:
-        """A decode step of ``len(lens)`` requests (one new token each at position len - 1), padded to N."""
-        r = len(lens)
-        self.x.zero_()
-        self.x[:r] = x
-        self.query_start.copy_(torch.tensor(list(range(r + 1)) + [r] * (N - r), dtype=torch.int32))
-        self.seq_lens.zero_()
-        self.seq_lens[:r] = torch.tensor(lens, dtype=torch.int32)
-        self.block_table.zero_()
-        self.block_table[:r] = TABLE[:r]
-        self.slots.fill_(-1)
-        last = torch.tensor(lens) - 1
-        self.slots[:r] = (TABLE[torch.arange(r), last // BLOCK] * BLOCK + last % BLOCK).long()
-        return self._build(max_seq_len=max(lens))
-
-    def _build(self, max_seq_len: int) -> dict:
-        from vllm.v1.attention.backend import CommonAttentionMetadata
-
-        common = CommonAttentionMetadata(
-            query_start_loc=self.query_start, query_start_loc_cpu=self.query_start, seq_lens=self.seq_lens,
-            seq_lens_cpu_upper_bound=self.seq_lens, num_reqs=N, num_actual_tokens=N, max_query_len=1,
-            max_seq_len=max_seq_len, block_table_tensor=self.block_table, slot_mapping=self.slots)
-        meta = self.builder.build(0, common)
-        return {name: meta for name in LAYERS}  # one KV-cache group: every layer reads the same metadata
 
 
 def sdpa_oracle(w, caches, x: torch.Tensor, lens: list[int]) -> torch.Tensor:
@@ -203,9 +112,6 @@ def make_builder(vllm_config):
 
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KVH, head_size=D, dtype=torch.float32)
     return AscendMetadataBuilder(spec, list(LAYERS), vllm_config, torch.device("cpu"))
-
-
-STEPS = ([5, 17, 33], [6, 18, 34, 64])  # three requests padded to 4, then four (a block boundary crossed)
 
 
 @pytest.fixture
