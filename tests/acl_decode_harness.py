@@ -114,3 +114,40 @@ class Runner:
             max_seq_len=max_seq_len, block_table_tensor=self.block_table, slot_mapping=self.slots)
         meta = self.builder.build(0, common)
         return {name: meta for name in LAYERS}  # one KV-cache group: every layer reads the same metadata
+
+
+def capture_full_graph(decoder: Any, impl: Any, w: Any, fresh_caches: Any, builder: Any) -> tuple:
+    """A small decoder captured once in a FULL ACL graph on the stand-in device, plus an eager twin and the runner.
+
+    ``decoder(impl, w, caches)`` builds the model; the twin gets caches of its
+    own (same seed), so the graph's and the eager run's cache writes stay apart.
+    Returns ``(device, impl, w, model, eager, wrapper, runner)``.
+    """
+    from graph_standin import RecordingGraphDevice, capturing
+
+    from ascend_kernel_plugins.graph.acl_wrapper import AclGraphWrapper
+
+    device = RecordingGraphDevice()
+    model, eager = decoder(impl, w, fresh_caches()), decoder(impl, w, fresh_caches())
+    wrapper = AclGraphWrapper(model, None, modes().FULL, device=device)
+    runner = Runner(builder)
+    with capturing(), forward(modes().FULL, runner.capture_step()):
+        wrapper(runner.x)
+    return device, impl, w, model, eager, wrapper, runner
+
+
+def step_both_ways(monkeypatch: Any, graph_parts: tuple, lens: list[int], x: torch.Tensor, oracle: Any) -> tuple:
+    """One decode step: buffers written, metadata built, the graph replayed and the eager twin run.
+
+    ``oracle(w, caches, x, lens)`` computes the independent answer on a copy of
+    the eager twin's caches. Returns ``(replayed, reference, oracle, metadata)``.
+    """
+    _, _, w, model, eager, wrapper, runner = graph_parts
+    live_decode_step(monkeypatch)
+    expected = oracle(w, [c.clone() for c in eager.caches], x, lens)
+    metadata = runner.decode_step(lens, x)
+    with forward(modes().FULL, metadata):
+        replayed = wrapper(runner.x).clone()
+    with forward(modes().NONE, metadata):
+        reference = eager(runner.x.clone())
+    return replayed, reference, expected, metadata

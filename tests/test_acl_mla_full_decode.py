@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 import torch
 from acl_decode_harness import (BLOCK, HIDDEN, LAYERS, MAX_BLOCKS, N, NUM_BLOCKS, STEPS, TABLE, Layer, Runner,
-                                forward, kernel, live_decode_step, modes)
+                                capture_full_graph, forward, kernel, live_decode_step, modes,
+                                step_both_ways)
 from graph_standin import RecordingGraphDevice, StaleTaskParamError, capturing
 
 
@@ -152,29 +153,11 @@ def make_builder(vllm_config):
 @pytest.fixture
 def full_graph(kernel, vllm_config):
     """The decoder captured once in a FULL ACL graph (stand-in device), plus an eager twin and the runner."""
-    from ascend_kernel_plugins.graph.acl_wrapper import AclGraphWrapper
-
-    device, impl, w = RecordingGraphDevice(), make_impl(), weights()
-    model = Decoder(impl, w, fresh_caches())
-    eager = Decoder(impl, w, fresh_caches())
-    wrapper = AclGraphWrapper(model, None, modes().FULL, device=device)
-    runner = Runner(make_builder(vllm_config))
-    with capturing(), forward(modes().FULL, runner.capture_step()):
-        wrapper(runner.x)
-    return device, impl, w, model, eager, wrapper, runner
+    return capture_full_graph(Decoder, make_impl(), weights(), fresh_caches, make_builder(vllm_config))
 
 
 def run_step(monkeypatch, graph_parts, lens, x):
-    """One decode step: buffers written, metadata built, the graph replayed and the eager twin run."""
-    _, _, w, model, eager, wrapper, runner = graph_parts
-    live_decode_step(monkeypatch)
-    oracle = softmax_oracle(w, [c.clone() for c in eager.caches], x, lens)
-    metadata = runner.decode_step(lens, x)
-    with forward(modes().FULL, metadata):
-        replayed = wrapper(runner.x).clone()
-    with forward(modes().NONE, metadata):
-        reference = eager(runner.x.clone())
-    return replayed, reference, oracle, metadata
+    return step_both_ways(monkeypatch, graph_parts, lens, x, softmax_oracle)
 
 
 def test_capture_records_one_updatable_mla_task_per_layer(full_graph):
