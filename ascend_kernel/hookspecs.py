@@ -72,6 +72,23 @@ def ascend_kernel_configure(
     """
 
 
+@hookspec
+def ascend_kernel_pre_register() -> "list[str] | None":
+    """Register names vLLM must know before it builds any config.
+
+    Called once per process by the platform's ``pre_register_and_update``
+    (vLLM calls it before it parses its arguments or builds a ``VllmConfig``),
+    with the plugins the environment enables (``additional_config`` is not
+    known yet). For names vLLM checks while it builds its config, such as a
+    quantization method (``--quantization ascend``) and the config class that
+    reads its checkpoint files. Must be idempotent: a name already registered
+    is left alone.
+
+    :return: what was registered, in words (logged and shown in the report),
+        or None.
+    """
+
+
 # ---------------------------------------------------------------------------
 # attention
 # ---------------------------------------------------------------------------
@@ -310,4 +327,30 @@ def ascend_kernel_layer_ops() -> "list[Implementation]":
     the vLLM class names it replaced; and ``describe() -> dict``: what it
     installed and how many model layers were built with it (for the report).
     An implementation that replaces nothing returns ``[]``.
+    """
+
+
+# ---------------------------------------------------------------------------
+# quantization
+# ---------------------------------------------------------------------------
+
+
+@hookspec
+def ascend_kernel_quant_methods() -> "list[Implementation]":
+    """Offer implementations of quantized checkpoint formats (family ``quantization``; optional).
+
+    Resolved before the MoE policy, which may read the checkpoint's expert
+    scheme from ``ctx.chosen["quantization"]``. ``supports(ctx)`` should check
+    the format vLLM resolved (``ctx.vllm_config.model_config.quantization``:
+    ``"ascend"``, ``"compressed-tensors"``...); an unquantized model leaves the
+    family unused. The built object must provide ``format`` (the vLLM
+    quantization name it serves) and ``describe() -> dict`` (the report). What
+    it must do to change what runs depends on the format:
+
+    * a format whose vLLM config class the plugin registers (see
+      :func:`ascend_kernel_pre_register`) asks the chosen object for each
+      layer's method: ``method_for(config, layer, prefix) -> QuantizeMethodBase | None``;
+    * a format vLLM parses itself may install its own config on the engine's
+      ``vllm_config`` in ``prepare_model(vllm_config) -> list[str]`` (called by
+      the runner before the model is built; returns what it replaced).
     """

@@ -42,6 +42,8 @@ GLOBAL_FAMILIES: tuple[Family, ...] = (
     # the drafter first: it declares the attention state of its verification batches, which the
     # attention-state policy reads from ``ctx.chosen`` (a family may read the choices made before it)
     Family("drafter", "ascend_kernel_drafters", "drafter", optional=True),
+    # before moe_comm: the MoE policy may read the checkpoint's expert scheme from the chosen quantization
+    Family("quantization", "ascend_kernel_quant_methods", "quantization", optional=True),
     Family("attention_backend", "ascend_kernel_attention_backends", "attention_backend"),
     Family("attention_state", "ascend_kernel_attention_state_policies", "attention_state"),
     Family("attention_mask", "ascend_kernel_attention_masks", "attention_mask"),
@@ -88,6 +90,7 @@ class KernelPlan:
     rejection_sampler: Any
     graph: Any
     layer_ops: Any
+    quantization: Any = None
     tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def objects(self) -> list[Any]:
@@ -294,6 +297,27 @@ def _recorded_changes(vllm_config: Any) -> list[ConfigChange]:
     extra = getattr(vllm_config, "additional_config", None) or {}
     return [ConfigChange(c["path"], c["old"], c["new"], c["reason"], c["plugin"])
             for c in extra.get(_CHANGES_KEY, [])]
+
+
+_pre_registered: list[str] | None = None
+
+
+def pre_register() -> list[str]:
+    """Let the plugins register names with vLLM before it builds a config; once per process.
+
+    The platform calls this from ``pre_register_and_update``. Plugins come from
+    the environment's settings here (an engine's ``additional_config`` is not
+    known yet).
+    """
+    global _pre_registered
+    with _lock:
+        if _pre_registered is None:
+            manager = KernelPluginManager(load_settings())
+            _pre_registered = [f"{plugin}: {item}" for plugin, result in manager.call_each("ascend_kernel_pre_register")
+                               for item in result]
+            for line in _pre_registered:
+                logger.info("ascend-kernel: registered %s", line)
+        return list(_pre_registered)
 
 
 def current() -> Kernel:

@@ -113,6 +113,7 @@ class KernelSettings(BaseSettings):
     rejection_sampler: str = Field(AUTO, description="Force the rejection sampler by name.")
     graph_mode: str = Field(AUTO, description="Force the graph-capture mode by name.")
     layer_ops: str = Field(AUTO, description="Force the model-layer ops (RMSNorm, rotary) provider by name.")
+    quantization: str = Field(AUTO, description="Force the quantized-checkpoint implementation by name.")
     graph_capture_sizes: SizeList = Field(
         None, description="Batch sizes (tokens) a capturing graph mode captures, comma separated; "
         "unset means the mode's default. Larger batches run eagerly.",
@@ -175,6 +176,7 @@ class KernelSettings(BaseSettings):
     @field_validator(
         "attention_backend", "attention_state", "attention_mask", "kv_cache_layout",
         "moe_comm", "moe_comm_method", "drafter", "sampler", "rejection_sampler", "graph_mode", "layer_ops",
+        "quantization",
     )
     @classmethod
     def _forced_name(cls, value: str) -> str:

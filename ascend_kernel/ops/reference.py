@@ -18,6 +18,7 @@ from ascend_kernel.ops.graph_ops import (
 from ascend_kernel.ops.mc2_reference import ReferenceMC2Ops
 from ascend_kernel.ops.moe_reference import ReferenceMoEOps
 from ascend_kernel.ops.opaque import seam_op
+from ascend_kernel.ops.quant_reference import ReferenceQuantOps
 
 
 def _gqa(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -43,7 +44,7 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torc
     return cache[blocks].reshape(-1, *cache.shape[2:])[:length]
 
 
-class ReferenceOps(ReferenceMoEOps, ReferenceMC2Ops):
+class ReferenceOps(ReferenceMoEOps, ReferenceMC2Ops, ReferenceQuantOps):
     name = "reference"
 
     @seam_op("reshape_and_cache", RESHAPE_AND_CACHE_SCHEMA, no_result)

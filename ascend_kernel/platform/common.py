@@ -32,6 +32,11 @@ class KernelPlatformMixin:
         kernel.resolve(vllm_config)
 
     @classmethod
+    def pre_register_and_update(cls, parser: Any = None) -> None:
+        """vLLM's moment for names it must know before its config exists: the plugins register theirs."""
+        kernel_mod.pre_register()
+
+    @classmethod
     def support_static_graph_mode(cls) -> bool:
         """Whether the chosen graph mode captures (False before the kernel has chosen one)."""
         kernel = kernel_mod.current_or_none()

@@ -1,0 +1,155 @@
+"""msModelSlim's ``ascend`` checkpoint format as a vLLM quantization config (``--quantization ascend``).
+
+The config reads ``quant_model_description.json`` (vLLM finds it by
+:meth:`AscendQuantConfig.get_config_filenames`) and checks it, with the
+checkpoint's tensor headers, in the process that builds the engine's config:
+bad input stops start-up there, before a weight is read. Which code runs each
+layer is the ``quantization`` family's choice, made per process by the
+kernel: :meth:`get_quant_method` asks the chosen implementation
+(:class:`AscendSchemes` by default) for the layer's method.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+
+from ascend_kernel import kernel as kernel_mod
+from ascend_kernel.errors import QuantizationError
+from ascend_kernel.ops.quant_ops import float32_bits_to_scale
+from ascend_kernel_plugins.quantization import int8_linear as il
+from ascend_kernel_plugins.quantization.description import DESCRIPTION_FILE, Description, read_headers
+from ascend_kernel_plugins.quantization.schemes import FLOAT, TENSORS, W8A8, W8A8_DYNAMIC
+
+FORMAT = "ascend"
+
+
+class AscendQuantConfig(QuantizationConfig):
+    """The description of an msModelSlim checkpoint; layers get their methods from the chosen implementation."""
+
+    def __init__(self, description: Description) -> None:
+        super().__init__()
+        self.description = description
+
+    def get_name(self) -> str:
+        return FORMAT
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        # float32 runs on the seam's reference ops (a CPU host); the kernel's config hook refuses it on an NPU
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 0
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return [DESCRIPTION_FILE]
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "AscendQuantConfig":
+        description = Description.from_json(config)
+        description.check_types()
+        return cls(description)
+
+    def maybe_update_config(self, model_name: str, hf_config: Any = None, revision: str | None = None) -> None:
+        """Check the tensors the description promises, from the checkpoint's headers (a local model only)."""
+        if Path(model_name).is_dir():
+            self.description = self.description.with_tensors(read_headers(model_name))
+            self.description.check_tensors()
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> Any:
+        implementation = kernel_mod.current().plan.quantization
+        if implementation is None or getattr(implementation, "format", None) != FORMAT:
+            raise QuantizationError(
+                f"the model is an msModelSlim ('{FORMAT}') checkpoint, but the quantization implementation chosen is "
+                f"{getattr(implementation, 'name', None)!r}; `ascend-kernel explain` shows why (is the plugin that "
+                "serves the ascend format installed and enabled?)")
+        return implementation.method_for(self, layer, prefix)
+
+    def shard_prefixes(self, prefix: str) -> list[str]:
+        """A fused layer's checkpoint prefixes (qkv_proj -> q_proj, k_proj, v_proj), or the layer's own."""
+        parent, _, name = prefix.rpartition(".")
+        shards = self.packed_modules_mapping.get(name)
+        if not shards:
+            return [prefix]
+        return [f"{parent}.{shard}" if parent else shard for shard in shards]
+
+
+class AscendSchemes:
+    """The kernel's ascend-format layers: W8A8 and W8A8_DYNAMIC linears on the ops seam."""
+
+    format = FORMAT
+    name = "ascend"
+
+    def __init__(self, ops: Any) -> None:
+        self.ops = ops
+        self.layers: dict[str, int] = {}
+
+    def method_for(self, config: AscendQuantConfig, layer: torch.nn.Module, prefix: str) -> Any:
+        if isinstance(layer, LinearBase):
+            shards = config.shard_prefixes(prefix)
+            kind = config.description.check_fused(prefix, shards) or FLOAT
+            self.layers[kind] = self.layers.get(kind, 0) + 1
+            if kind == FLOAT:
+                return UnquantizedLinearMethod()
+            return self.linear_method(config.description, kind, prefix, shards[0])
+        if _is_moe(layer):
+            return self.expert_method(config, layer, prefix)
+        return None
+
+    def linear_method(self, description: Description, kind: str, prefix: str, first_shard: str) -> il.Int8LinearMethod:
+        declared = {}
+        for rule in TENSORS[kind]:
+            stored = description.tensors.get(f"{first_shard}.{rule.suffix}")
+            if stored is None and not rule.required:
+                continue
+            dtype = il.torch_dtype(stored[0], torch.float32) if stored else torch.float32
+            if rule.shape == "1":
+                declared[rule.suffix] = (il.per_shard, dtype)
+            else:
+                tail = (1,) if stored is None or len(stored[1]) == 2 else ()
+                declared[rule.suffix] = (il.per_channel(tail), dtype)
+        collect = _collect_static if kind == W8A8 else _collect_dynamic
+        return il.Int8LinearMethod(declared, collect, self.ops, bias_folded=kind == W8A8, scheme=kind, prefix=prefix)
+
+    def expert_method(self, config: AscendQuantConfig, layer: torch.nn.Module, prefix: str) -> Any:
+        kinds = {v for k, v in config.description.types.items()
+                 if k.startswith(f"{prefix}.") and k.endswith(".weight")}
+        if not kinds or kinds == {FLOAT}:
+            return None  # vLLM's unquantized experts (the kernel's MoE layer replaces them)
+        raise QuantizationError(
+            f"MoE layer {prefix!r} has {'/'.join(sorted(kinds))} experts; the kernel's MoE layer serves FLOAT experts "
+            f"only so far (quantize the experts' linears as FLOAT, e.g. exclude \"*experts*\" in msModelSlim's "
+            "linear_quant)")
+
+    def describe(self) -> dict[str, Any]:
+        return {"format": FORMAT, "linear_layers": dict(self.layers)}
+
+
+def _is_moe(layer: torch.nn.Module) -> bool:
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+
+    return isinstance(layer, RoutedExperts)
+
+
+def _collect_dynamic(layer: torch.nn.Module) -> il.Int8Weights:
+    il.checked_zero(layer, "weight_offset")
+    return il.Int8Weights(layer.weight.data, layer.weight_scale.data.reshape(-1).to(torch.float32), None, None)
+
+
+def _collect_static(layer: torch.nn.Module) -> il.Int8Weights:
+    weight = layer.weight.data
+    input_scale = il.one_value(layer, "input_scale")
+    offset = il.one_value(layer, "input_offset")
+    deq = float32_bits_to_scale(layer.deq_scale.data.reshape(-1))
+    quant_bias = layer.quant_bias.data.reshape(-1).to(torch.int64)
+    # quant_bias = bias codes - offset * (row sums over the whole input); what remains is the folded bias
+    codes = quant_bias + offset.round().to(torch.int64) * il.full_row_sums(layer, weight)
+    if not il.bias_on_this_rank(layer):
+        codes = torch.zeros_like(codes)
+    return il.Int8Weights(weight, deq / input_scale, input_scale, offset, deq_scale=deq, bias_codes=codes)
