@@ -128,6 +128,10 @@ def keyword_types() -> dict[str, Any]:
     # a plain dict for LLM and EngineArgs, made into SpeculativeConfig(**dict) while the engine is built
     speculative = found["speculative_config"]
     found["speculative_config"] = Annotated[speculative, ConfigKeys(SpeculativeConfig)]
+    # vLLM's annotation lists its built-in methods; platforms register more (the kernel's plugins: ascend)
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+
+    found["quantization"] = Literal[tuple(QUANTIZATION_METHODS)] | None  # type: ignore[valid-type]
     return found
 
 

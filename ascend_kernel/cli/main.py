@@ -131,13 +131,21 @@ def _engine_request(args: argparse.Namespace, kernel: bool):
     from ascend_kernel.cli.engine import EngineRequest
     from ascend_kernel.settings import load_settings
 
-    given = {"dtype": engine_args.Given(f"--dtype {args.dtype!r}", args.dtype, args.dtype)}
+    dtype_arg = args.dtype or _default_dtype(args)
+    given = {"dtype": engine_args.Given(f"--dtype {dtype_arg!r}", dtype_arg, dtype_arg)}
+    if args.quantization is not None:
+        given["quantization"] = engine_args.Given(f"--quantization {args.quantization!r}", args.quantization,
+                                                  args.quantization)
     for key, value, flag in (("additional_config", args.additional_config, "--additional-config"),
                              ("speculative_config", args.speculative_config, "--speculative-config")):
         if value is not None:
             given[key] = engine_args.Given(f"{flag} {json.dumps(value)!r}", value)
     for key, text in args.engine_arg or []:
         given[key] = engine_args.Given(f"--engine-arg {key}={text!r}", engine_args.decode(text), text)
+    if kernel:  # names the plugins register with vLLM (--quantization ascend) before vLLM's types are read
+        from ascend_kernel import kernel as kernel_mod
+
+        kernel_mod.pre_register()
     extra = engine_args.check(given, engine_args.keyword_types())
     enforce_eager = _graph_request(args, extra, kernel)
     if kernel:  # the kernel's own section of additional_config, before vLLM sees it
@@ -145,6 +153,30 @@ def _engine_request(args: argparse.Namespace, kernel: bool):
     dtype = extra.pop("dtype")
     return EngineRequest(model=args.model, kernel=kernel, dtype=dtype, max_model_len=args.max_model_len,
                          seed=args.seed, enforce_eager=enforce_eager, extra=extra)
+
+
+#: a checkpoint file that marks an msModelSlim-quantized model (its int8 layers want bfloat16 activations)
+QUANT_DESCRIPTION = "quant_model_description.json"
+
+
+def _default_dtype(args: argparse.Namespace) -> str:
+    """float32 (what the tests' transformers oracle computes in), bfloat16 for a quantized checkpoint.
+
+    vLLM-CPU's int8 GEMMs take bfloat16 or float16 activations only; in
+    float32 a quantized model's int8 layers fall back to the seam's (slow)
+    reference ops.
+    """
+    quantized = args.quantization is not None or (Path(args.model) / QUANT_DESCRIPTION).is_file() or \
+        "quantization_config" in _model_config(args.model)
+    return "bfloat16" if quantized else "float32"
+
+
+def _model_config(model: str) -> dict[str, Any]:
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def _graph_request(args: argparse.Namespace, extra: dict[str, Any], kernel: bool) -> bool:
@@ -412,7 +444,12 @@ def _capture_sizes(text: str) -> tuple[int, ...]:
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, type=_model_dir, help="local model directory")
-    p.add_argument("--dtype", default="float32", help="vLLM's dtype (checked against vLLM's choices)")
+    p.add_argument("--dtype", default=None,
+                   help="vLLM's dtype (checked against vLLM's choices); default float32, or bfloat16 for a quantized "
+                   "checkpoint (vLLM-CPU's int8 kernels take bfloat16/float16 activations)")
+    p.add_argument("--quantization", metavar="NAME",
+                   help="checkpoint quantization format for vLLM (ascend: msModelSlim's, found without this flag "
+                   "when quant_model_description.json is present; compressed-tensors is read from config.json)")
     p.add_argument("--max-model-len", type=_whole_number(1), default=512)
     p.add_argument("--seed", type=_SEED, default=0)
     p.add_argument("--additional-config", type=_json_object('\'{"ascend_kernel": {"sampler": "vllm-default"}}\''),

@@ -31,9 +31,9 @@ FORMAT = "ascend"
 class AscendQuantConfig(QuantizationConfig):
     """The description of an msModelSlim checkpoint; layers get their methods from the chosen implementation."""
 
-    def __init__(self, description: Description) -> None:
+    def __init__(self, description: Description | None = None) -> None:
         super().__init__()
-        self.description = description
+        self.description = description or Description({})
 
     def get_name(self) -> str:
         return FORMAT
@@ -48,7 +48,9 @@ class AscendQuantConfig(QuantizationConfig):
 
     @staticmethod
     def get_config_filenames() -> list[str]:
-        return [DESCRIPTION_FILE]
+        # none for vLLM to look up: with a name here, a missing file is vLLM's terse "Cannot find the config
+        # file"; the description is read in maybe_update_config instead, which says what is missing and why
+        return []
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "AscendQuantConfig":
@@ -57,10 +59,14 @@ class AscendQuantConfig(QuantizationConfig):
         return cls(description)
 
     def maybe_update_config(self, model_name: str, hf_config: Any = None, revision: str | None = None) -> None:
-        """Check the tensors the description promises, from the checkpoint's headers (a local model only)."""
-        if Path(model_name).is_dir():
-            self.description = self.description.with_tensors(read_headers(model_name))
-            self.description.check_tensors()
+        """Read and check the description and the tensors it promises (from the checkpoint's headers)."""
+        if not Path(model_name).is_dir():
+            raise QuantizationError(f"--quantization {FORMAT} reads {DESCRIPTION_FILE} from a local model "
+                                    f"directory; {model_name!r} is not one")
+        description = Description.from_dir(model_name)
+        description.check_types()
+        self.description = description.with_tensors(read_headers(model_name))
+        self.description.check_tensors()
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> Any:
         implementation = kernel_mod.current().plan.quantization

@@ -93,3 +93,24 @@ def _ct_config(layers: dict[str, list[str]]) -> dict[str, Any]:
                                 "weights": dict(_WEIGHTS), "input_activations": dict(_ACTIVATIONS[kind])}
     return {"quant_method": "compressed-tensors", "format": "int-quantized", "quantization_status": "compressed",
             "config_groups": groups, "ignore": []}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ascend_kernel_plugins.quantization.convert SRC DST``: write DST in compressed-tensors int8."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("src", help="an msModelSlim checkpoint directory (with quant_model_description.json)")
+    parser.add_argument("dst", help="the directory to write")
+    args = parser.parse_args(argv)
+    try:
+        counts = to_compressed_tensors(args.src, args.dst)
+    except QuantizationError as exc:
+        print(f"error: {exc}", flush=True)
+        return 2
+    print(json.dumps({"out": args.dst, "layers": counts}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
