@@ -11,8 +11,14 @@ from typing import Any
 
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
+from ascend_kernel_plugins.graph.settings import GraphSettings
 
 ASCEND_KERNEL_ESSENTIAL = "the runner needs a graph mode, if only 'eager'"
+
+
+@hookimpl
+def ascend_kernel_settings() -> type[GraphSettings]:
+    return GraphSettings
 
 
 @hookimpl
