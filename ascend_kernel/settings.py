@@ -333,6 +333,10 @@ def _describe(error: dict[str, Any], overrides: Mapping[str, Any], model: type[K
     source = _source_of(field, overrides)
     value = overrides.get(field) if field in overrides else _env_value(KernelSettings.env_name(field))
     message = f"{source}={value!r} is not allowed: {error.get('msg', 'invalid value')}"
+    if field not in overrides and value is None and field in model.model_fields:  # a plugin's own default
+        owner = f"plugin '{model.owners[field]}'" if field in model.owners else "the core"
+        message = (f"the default of {field} (declared by {owner}), {model.model_fields[field].default!r}, is not "
+                   f"allowed: {error.get('msg', 'invalid value')}")
     info = model.model_fields.get(field)
     if info is not None and (info.annotation in (bool, int) or (
             isinstance(info.json_schema_extra, dict) and "allowed" in info.json_schema_extra)):
