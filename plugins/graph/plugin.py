@@ -2,7 +2,7 @@
 
 ``cpu-graph`` is never the automatic choice (its priority is below eager's):
 it costs start-up time (a compile per piece and capture size), so it runs only
-when ``graph_mode`` names it; see the README's "Graph capture" section.
+when ``graph_mode`` names it; see docs/graph-capture.md.
 """
 
 from __future__ import annotations
