@@ -27,7 +27,7 @@ from typing import Any, Iterable
 import pluggy
 
 from ascend_kernel import hookspecs
-from ascend_kernel.errors import PluginError
+from ascend_kernel.errors import PluginError, SettingsError
 from ascend_kernel.registry import Implementation
 from ascend_kernel.settings import KernelSettings, normalise_name
 
@@ -112,7 +112,11 @@ def declared_settings(entry_points: Iterable[metadata.EntryPoint] | None = None,
         except Exception:  # noqa: BLE001
             continue
         if _marker_reader.parse_hookimpl_opts(module, _SETTINGS_HOOK) is not None:
-            model = getattr(module, _SETTINGS_HOOK)()
+            try:
+                model = getattr(module, _SETTINGS_HOOK)()
+            except Exception as exc:  # noqa: BLE001 - a SettingsError is what register() reports
+                raise SettingsError(f"{_SETTINGS_HOOK} of plugin '{normalise_name(ep.name)}' ({_describe(ep)}) "
+                                    f"raised {type(exc).__name__}: {exc}") from exc
             if model is not None:
                 declared.append((normalise_name(ep.name), model))
     if entry_points is None:

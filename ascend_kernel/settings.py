@@ -9,6 +9,11 @@ that is set but empty: empty is an error for every setting except the name
 lists (``plugins``, ``disable_plugins``), where it means an empty list.
 Nothing else in the project calls ``os.getenv``: it asks for a
 :class:`KernelSettings`.
+
+The core declares only kernel-wide settings here; each plugin declares its own
+model through the hook ``ascend_kernel_settings``, and :func:`load_settings`
+returns one object of the core's and every installed plugin's settings
+(:func:`compose_settings`), read as attributes, checked with the same errors.
 """
 
 from __future__ import annotations

@@ -295,3 +295,26 @@ def test_a_bad_default_names_the_plugin_not_a_variable():
     with pytest.raises(SettingsError, match=r"the default of tp_limit \(declared by plugin 'tp'\), -1, is not "
                                             r"allowed: Input should be greater than or equal to 0"):
         load_settings(declared=[("tp", BadDefault)])
+
+
+def test_a_settings_hook_that_raises_is_a_settings_error_naming_the_plugin(tmp_path, monkeypatch):
+    module = "ak_tp_raising_settings"
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent("""
+        from ascend_kernel.hookspecs import hookimpl
+
+        @hookimpl
+        def ascend_kernel_settings():
+            raise RuntimeError("no model today")
+    """))
+    info = tmp_path / "tp_raising-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tp-raising\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[ascend_kernel.plugins]\ntp_raising = {module}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    try:
+        with pytest.raises(SettingsError, match=r"ascend_kernel_settings of plugin 'tp-raising' \(.*\) raised "
+                                                r"RuntimeError: no model today"):
+            load_settings()
+    finally:
+        sys.modules.pop(module, None)
