@@ -12,6 +12,9 @@ Two kinds of hooks exist, and the difference matters for speed:
   directly: **no pluggy dispatch happens per step**.
 * **Lifecycle hooks** (verbs, e.g. :func:`ascend_kernel_configure`) run at
   fixed moments of start-up.
+* **The declaration hook** :func:`ascend_kernel_settings` returns a plugin's
+  settings model; the kernel reads it before it loads plugins, from every
+  installed one.
 
 All hooks are called for every registered plugin (collect semantics) unless
 marked ``firstresult``. Arguments are passed by keyword; an implementation may
@@ -31,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    import pydantic
+
     from ascend_kernel.device import DeviceInfo
     from ascend_kernel.registry import Implementation
     from ascend_kernel.settings import KernelSettings
@@ -39,6 +44,43 @@ PROJECT_NAME = "ascend_kernel"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+# ---------------------------------------------------------------------------
+# settings
+# ---------------------------------------------------------------------------
+
+
+@hookspec
+def ascend_kernel_settings() -> "type[pydantic.BaseModel] | None":
+    """Declare this plugin's own settings: a pydantic model class, or None.
+
+    Called once per :func:`ascend_kernel.settings.load_settings`, before any
+    plugin is registered and before any other hook, on every *installed*
+    plugin, enabled or not (the settings themselves say which plugins are
+    enabled, so the set of settings cannot depend on them). Implement it as a
+    plain function returning a class defined at module level (the settings
+    are pickled to worker processes by reference to it).
+
+    Each field becomes a setting exactly like the core's: environment
+    variable ``ASCEND_KERNEL_<FIELD>``, key ``<field>`` of
+    ``additional_config["ascend_kernel"]``, the same checks and error messages
+    (a bad value, an empty value, a misspelt name). The kernel composes the
+    core's model and every plugin's into one frozen object, so a plugin reads
+    its setting as an attribute of the ``settings`` it is given
+    (``ctx.settings.mc2_min_world_size``); that object is also an instance of
+    the plugin's model. A disabled plugin's settings are still checked and
+    have no effect.
+
+    Give every field a ``description`` (``ascend-kernel settings`` and
+    docs/settings.md show it) and, where the type does not say what is
+    allowed in words, ``json_schema_extra={"allowed": "..."}``. Validators
+    (``field_validator``) of the model apply.
+
+    :return: the model class. A field name that the core or another plugin
+        already declares stops start-up with a
+        :class:`ascend_kernel.errors.SettingsError` naming both owners.
+    """
 
 
 # ---------------------------------------------------------------------------

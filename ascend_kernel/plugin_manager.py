@@ -6,7 +6,10 @@ load first, in name order, then third parties in name order (pytest's and
 conda's order), so a report always lists them the same way.
 
 ``ASCEND_KERNEL_PLUGINS`` (allowlist) and ``ASCEND_KERNEL_DISABLE_PLUGINS``
-(denylist) act here, once. A plugin module that declares
+(denylist) act here, once. The settings models plugins declare
+(``ascend_kernel_settings``) are read earlier, by :func:`declared_settings`,
+from every installed plugin whether enabled or not: the settings decide which
+plugins load, so the set of settings cannot depend on that. A plugin module that declares
 ``ASCEND_KERNEL_ESSENTIAL = "<why>"`` refuses to be disabled. A plugin that
 fails to import is an error when the allowlist asked for it by name, a
 recorded warning otherwise.
@@ -15,6 +18,7 @@ recorded warning otherwise.
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import ModuleType
@@ -23,7 +27,7 @@ from typing import Any, Iterable
 import pluggy
 
 from ascend_kernel import hookspecs
-from ascend_kernel.errors import PluginError
+from ascend_kernel.errors import PluginError, SettingsError
 from ascend_kernel.registry import Implementation
 from ascend_kernel.settings import KernelSettings, normalise_name
 
@@ -79,6 +83,45 @@ def discover_entry_points() -> list[metadata.EntryPoint]:
         unique.values(),
         key=lambda ep: (normalise_name(_dist_name(ep)) != BUILTIN_DISTRIBUTION, normalise_name(ep.name)),
     )
+
+
+_SETTINGS_HOOK = "ascend_kernel_settings"
+_marker_reader = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+_declared: dict[tuple[Any, ...], list[tuple[str, Any]]] = {}
+
+
+def declared_settings(entry_points: Iterable[metadata.EntryPoint] | None = None,
+                      builtin_only: bool = False) -> list[tuple[str, Any]]:
+    """[(plugin name, settings model)] of every installed plugin that declares one, in load order.
+
+    Disabled plugins count (their settings are checked and have no effect). A
+    plugin that fails to import declares nothing here; the manager reports the
+    failure when it loads the plugins. Discovery (~20 ms) is remembered per
+    ``sys.path``: a plugin installed into a path already searched is seen by
+    the next process.
+    """
+    key = (tuple(sys.path), builtin_only)
+    if entry_points is None and key in _declared:
+        return list(_declared[key])
+    declared = []
+    for ep in discover_entry_points() if entry_points is None else entry_points:
+        if builtin_only and normalise_name(_dist_name(ep)) != BUILTIN_DISTRIBUTION:
+            continue
+        try:
+            module = ep.load()
+        except Exception:  # noqa: BLE001
+            continue
+        if _marker_reader.parse_hookimpl_opts(module, _SETTINGS_HOOK) is not None:
+            try:
+                model = getattr(module, _SETTINGS_HOOK)()
+            except Exception as exc:  # noqa: BLE001 - a SettingsError is what register() reports
+                raise SettingsError(f"{_SETTINGS_HOOK} of plugin '{normalise_name(ep.name)}' ({_describe(ep)}) "
+                                    f"raised {type(exc).__name__}: {exc}") from exc
+            if model is not None:
+                declared.append((normalise_name(ep.name), model))
+    if entry_points is None:
+        _declared[key] = list(declared)
+    return declared
 
 
 class KernelPluginManager:
@@ -149,6 +192,7 @@ class KernelPluginManager:
                 hc.name for hc in self.pm.get_hookcallers(module) or []
             )
         self._check_pending()
+        self._check_settings_declared()
         unknown = (allow or set()) - set(seen)
         if unknown:
             raise PluginError(
@@ -168,6 +212,16 @@ class KernelPluginManager:
         except pluggy.PluginValidationError as exc:
             raise PluginError(f"Plugin '{name}' ({where}) has an invalid hook: {exc}") from exc
         self._entry_points[name] = where
+
+    def _check_settings_declared(self) -> None:
+        """Every loaded plugin's settings model is part of the settings (not so when the settings came first)."""
+        if not isinstance(self.settings, KernelSettings):
+            return
+        for name, result in self.call_each(_SETTINGS_HOOK):
+            if not (isinstance(result, type) and isinstance(self.settings, result)):
+                raise PluginError(
+                    f"Plugin '{name}' ({self.entry_point_of(name)}) declares the settings {result!r}, but the "
+                    "settings given were composed without them (were they loaded before the plugin was installed?)")
 
     def _check_pending(self) -> None:
         try:

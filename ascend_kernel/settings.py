@@ -9,15 +9,21 @@ that is set but empty: empty is an error for every setting except the name
 lists (``plugins``, ``disable_plugins``), where it means an empty list.
 Nothing else in the project calls ``os.getenv``: it asks for a
 :class:`KernelSettings`.
+
+The core declares only kernel-wide settings here; each plugin declares its own
+model through the hook ``ascend_kernel_settings``, and :func:`load_settings`
+returns one object of the core's and every installed plugin's settings
+(:func:`compose_settings`), read as attributes, checked with the same errors.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
-from typing import Any, Literal, Mapping, get_args, get_origin
+from types import UnionType
+from typing import Any, ClassVar, Literal, Mapping, Sequence, Union, get_args, get_origin
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from typing_extensions import Annotated
 
@@ -33,6 +39,7 @@ LIST_SETTINGS = ("plugins", "disable_plugins")
 
 NameList = Annotated[tuple[str, ...] | None, NoDecode]
 SizeList = Annotated[list[int] | None, NoDecode]
+Declared = Sequence[tuple[str, type[BaseModel]]]
 
 
 def _split_names(value: Any) -> tuple[str, ...] | None:
@@ -70,11 +77,21 @@ def normalise_name(name: str) -> str:
 
 
 class KernelSettings(BaseSettings):
-    """Every knob of the kernel, typed. ``ascend-kernel settings`` lists them."""
+    """The core's settings, typed: kernel-wide knobs only. ``ascend-kernel settings`` lists them all.
+
+    :func:`load_settings` returns an instance of a subclass that adds the
+    settings model of every installed plugin (:func:`compose_settings`), so a
+    plugin's setting is read as an attribute (``settings.mc2_min_world_size``)
+    and the object is also an instance of each plugin's model.
+    """
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True
     )
+    #: field name -> the plugin that declared it (core fields are absent)
+    owners: ClassVar[Mapping[str, str]] = {}
+    #: the (plugin name, settings model) pairs this class was composed from
+    declared: ClassVar[tuple[tuple[str, type[BaseModel]], ...]] = ()
 
     # -- where to run -------------------------------------------------------
     device: Literal["auto", "npu", "cpu"] = Field(
@@ -114,49 +131,16 @@ class KernelSettings(BaseSettings):
     graph_mode: str = Field(AUTO, description="Force the graph-capture mode by name.")
     layer_ops: str = Field(AUTO, description="Force the model-layer ops (RMSNorm, rotary) provider by name.")
     quantization: str = Field(AUTO, description="Force the quantized-checkpoint implementation by name.")
-    graph_capture_sizes: SizeList = Field(
-        None, description="Batch sizes (tokens) a capturing graph mode captures, comma separated; "
-        "unset means the mode's default. Larger batches run eagerly.",
-    )
-    graph_capture_mode: Literal["auto", "piecewise", "full_decode_only"] = Field(
-        "auto", description="What a capturing graph mode captures: 'piecewise' (attention runs between captured "
-        "pieces; every batch up to the largest size) or 'full_decode_only' (uniform decode batches captured whole, "
-        "attention inside; other batches run eagerly). 'auto': the mode's default (cpu-graph: piecewise; aclgraph: "
-        "vLLM's cudagraph_mode).",
-    )
 
-    # -- feature toggles (typed replacements of the seeds' VLLM_ASCEND_* env vars)
-    enable_topk_topp_optimization: bool = Field(
-        False, description="Use the Ascend top-k/top-p sampler where a plugin provides it."
-    )
-    enable_dbo: bool = Field(False, description="Dual-batch overlap (MLA models).")
-    enable_prefetch_mlp: bool = Field(False, description="Prefetch MLP weights on a side stream.")
-    enable_fused_mc2: bool = Field(False, description="Use the fused MC2 MoE kernel.")
-    enable_mc2_hierarchy_comm: bool = Field(
-        False, description="Hierarchical MC2 communication (incompatible with fused MC2)."
-    )
-    mc2_min_world_size: int = Field(
-        16, ge=1, description="On A2, MC2 is used only when the DP x TP world has at least this many ranks."
-    )
-    kv_transfer_alignment_bytes: int = Field(
-        2 * 1024 * 1024,
-        ge=1,
-        description="Alignment of every KV tensor when a KV-transfer (PD) config is present (llmdatadist needs 2 MiB).",
-    )
-    kv_transfer_pull_timeout_s: float | None = Field(
-        None,
-        gt=0,
-        description="Decode (kv_consumer) instances under Mooncake: the longest one pull of a prompt's KV pages "
-        "waits for the producer's answer; then the request fails and its blocks are freed. Unset: vLLM's own bound "
-        "(VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT + 60 s). Must exceed VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT: until then "
-        "a live producer may still write the pages into the consumer's blocks.",
-    )
+    # -- read by no plugin: the CLI's serving commands, and toggles no plugin implements yet
     engine_liveness_timeout_s: float = Field(
         30.0,
         gt=0,
         description="Serving with engines on other hosts (--headless): an engine that does not answer a liveness "
         "question within this many seconds is taken as dead, and the server fails its requests.",
     )
+    enable_dbo: bool = Field(False, description="Dual-batch overlap (MLA models).")
+    enable_prefetch_mlp: bool = Field(False, description="Prefetch MLP weights on a side stream.")
 
     @field_validator("plugins", mode="before")
     @classmethod
@@ -167,11 +151,6 @@ class KernelSettings(BaseSettings):
     @classmethod
     def _deny_names(cls, value: Any) -> tuple[str, ...]:
         return _split_names(value) or ()
-
-    @field_validator("graph_capture_sizes", mode="before")
-    @classmethod
-    def _sizes(cls, value: Any) -> list[int] | None:
-        return parse_capture_sizes(value)
 
     @field_validator(
         "attention_backend", "attention_state", "attention_mask", "kv_cache_layout",
@@ -193,6 +172,65 @@ class KernelSettings(BaseSettings):
     def env_name(field: str) -> str:
         return ENV_PREFIX + field.upper()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # a composed class is made at run time: unpickling (a worker process) composes it again
+        return _restore, (self.declared, self.__getstate__())
+
+
+def _restore(declared: Declared, state: dict[str, Any]) -> KernelSettings:
+    cls = compose_settings(declared)
+    settings = cls.__new__(cls)
+    settings.__setstate__(state)
+    return settings
+
+
+_composed: dict[tuple[tuple[str, type[BaseModel]], ...], type[KernelSettings]] = {}
+
+
+def compose_settings(declared: Declared) -> type[KernelSettings]:
+    """The core's settings class plus each plugin's model: one class, the same one for the same models.
+
+    ``declared`` is [(plugin name, pydantic model class)]. A field name that
+    the core or another plugin already has is a :class:`SettingsError` naming
+    both owners; so is a declaration that is no pydantic model class.
+    """
+    key = tuple((plugin, model) for plugin, model in declared)
+    if key in _composed:
+        return _composed[key]
+    owners: dict[str, str] = {}
+    for plugin, model in key:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise SettingsError(f"plugin '{plugin}' declares settings {model!r}: ascend_kernel_settings must "
+                                "return a pydantic model class (or None)")
+        for name in model.model_fields:
+            other = "the core" if name in KernelSettings.model_fields else \
+                f"plugin '{owners[name]}'" if name in owners else None
+            if other is not None:
+                raise SettingsError(f"setting '{name}' ({KernelSettings.env_name(name)}) is declared twice: by "
+                                    f"{other} and by plugin '{plugin}'; one of them must rename it")
+            owners[name] = plugin
+    cls = KernelSettings
+    if key:
+        namespace = {"model_config": KernelSettings.model_config, "owners": owners, "declared": key,
+                     "__module__": __name__, "__qualname__": "KernelSettings"}
+        cls = type(KernelSettings)("KernelSettings", (KernelSettings, *[m for _, m in key]), namespace)
+    _composed[key] = cls
+    return cls
+
+
+def settings_model(declared: Declared | None = None) -> type[KernelSettings]:
+    """This installation's settings class: the core's and every installed plugin's, enabled or not.
+
+    The set of settings never depends on ``plugins``/``disable_plugins``
+    (settings themselves): a disabled plugin's setting is still checked, and
+    has no effect.
+    """
+    if declared is None:
+        from ascend_kernel.plugin_manager import declared_settings  # that module imports this one
+
+        declared = declared_settings()
+    return compose_settings(declared)
+
 
 def _env_value(name: str) -> str | None:
     """pydantic-settings matches env names case-insensitively; so must the messages."""
@@ -208,21 +246,37 @@ def _source_of(field: str, overrides: Mapping[str, Any]) -> str:
     return KernelSettings.env_name(field)
 
 
-def allowed_values(field: str) -> str:
-    """What a setting accepts, in words, for error messages."""
-    info = KernelSettings.model_fields[field]
-    annotation = info.annotation
+def _bare(annotation: Any) -> Any:
+    """``float | None`` -> ``float`` (an optional setting accepts what its type accepts)."""
+    if get_origin(annotation) in (Union, UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return args[0] if len(args) == 1 else annotation
+    return annotation
+
+
+def allowed_values(field: str, model: type[KernelSettings] | None = None) -> str:
+    """What a setting accepts, in words, for error messages.
+
+    A field may say it itself: ``Field(..., json_schema_extra={"allowed": "..."})``.
+    """
+    info = (model or settings_model()).model_fields[field]
+    annotation = _bare(info.annotation)
+    extra = info.json_schema_extra
+    if isinstance(extra, dict) and "allowed" in extra:
+        return str(extra["allowed"])
     if get_origin(annotation) is Literal:
         return "one of " + ", ".join(repr(v) for v in get_args(annotation))
     if annotation is bool:
         return "true or false, 1 or 0, yes or no, on or off"
-    if annotation is int:
-        bound = next((m.ge for m in info.metadata if getattr(m, "ge", None) is not None), None)
-        return "a whole number" + (f" >= {bound}" if bound is not None else "")
+    if annotation in (int, float):
+        words = "a whole number" if annotation is int else "a number"
+        for meta in info.metadata:
+            for op, attr in ((">=", "ge"), (">", "gt")):
+                if getattr(meta, attr, None) is not None:
+                    words += f" {op} {getattr(meta, attr)}"
+        return words
     if field in LIST_SETTINGS:
         return "comma-separated plugin names (empty for none)"
-    if field == "graph_capture_sizes":
-        return "comma-separated positive whole numbers (e.g. 1,2,4)"
     return f"{AUTO!r} or a non-empty implementation name, as listed by `ascend-kernel plugins`"
 
 
@@ -231,53 +285,53 @@ def _closest(name: str, candidates: list[str]) -> str | None:
     return next((c for c in candidates if match and c.lower() == match[0]), None)
 
 
-def _unknown_env(key: str, value: str) -> str:
-    fields = list(KernelSettings.model_fields)
+def _unknown_env(key: str, value: str, model: type[KernelSettings]) -> str:
+    fields = list(model.model_fields)
     guess = _closest(key.upper().removeprefix(ENV_PREFIX), [f.upper() for f in fields])
     hint = f" (did you mean {ENV_PREFIX}{guess}?)" if guess else ""
     return f"{key}={value!r} is not a setting{hint}; `{SETTINGS_COMMAND}` lists every setting"
 
 
-def _empty(source: str, field: str) -> str:
-    default = KernelSettings.model_fields[field].default
-    return f"{source} is set but empty; allowed: {allowed_values(field)} (default {default!r})"
+def _empty(source: str, field: str, model: type[KernelSettings]) -> str:
+    default = model.model_fields[field].default
+    return f"{source} is set but empty; allowed: {allowed_values(field, model)} (default {default!r})"
 
 
 def _is_blank(value: Any) -> bool:
     return isinstance(value, str) and not value.strip()
 
 
-def _early_problems(overrides: Mapping[str, Any]) -> tuple[list[str], set[str]]:
+def _early_problems(overrides: Mapping[str, Any], model: type[KernelSettings]) -> tuple[list[str], set[str]]:
     """Unknown ``ASCEND_KERNEL_*`` variables and empty values, which pydantic would ignore or misname.
 
     Returns the messages and the fields they cover (their pydantic errors are not repeated).
     """
     problems: list[str] = []
     covered: set[str] = set()
-    known = {KernelSettings.env_name(f): f for f in KernelSettings.model_fields}
+    known = {KernelSettings.env_name(f): f for f in model.model_fields}
     for key, value in sorted(os.environ.items()):
         upper = key.upper()
         if not upper.startswith(ENV_PREFIX):
             continue
         field = known.get(upper)
         if field is None:
-            problems.append(_unknown_env(key, value))
+            problems.append(_unknown_env(key, value, model))
         elif field not in overrides and field not in LIST_SETTINGS and _is_blank(value):
-            problems.append(_empty(key, field))
+            problems.append(_empty(key, field, model))
             covered.add(field)
     for field, value in overrides.items():
-        if field in KernelSettings.model_fields and field not in LIST_SETTINGS and _is_blank(value):
-            problems.append(_empty(_source_of(field, overrides), field))
+        if field in model.model_fields and field not in LIST_SETTINGS and _is_blank(value):
+            problems.append(_empty(_source_of(field, overrides), field, model))
             covered.add(field)
     return problems, covered
 
 
-def _describe(error: dict[str, Any], overrides: Mapping[str, Any]) -> str:
+def _describe(error: dict[str, Any], overrides: Mapping[str, Any], model: type[KernelSettings]) -> str:
     loc = [str(part) for part in error.get("loc", ())]
     field = loc[0] if loc else "?"
     if error.get("type") == "extra_forbidden":
-        known = ", ".join(sorted(KernelSettings.model_fields))
-        guess = _closest(field, list(KernelSettings.model_fields))
+        known = ", ".join(sorted(model.model_fields))
+        guess = _closest(field, list(model.model_fields))
         hint = f" (did you mean {guess!r}?)" if guess else ""
         return (
             f'unknown setting additional_config["{ADDITIONAL_CONFIG_KEY}"]["{field}"]{hint}; '
@@ -286,19 +340,26 @@ def _describe(error: dict[str, Any], overrides: Mapping[str, Any]) -> str:
     source = _source_of(field, overrides)
     value = overrides.get(field) if field in overrides else _env_value(KernelSettings.env_name(field))
     message = f"{source}={value!r} is not allowed: {error.get('msg', 'invalid value')}"
-    if field == "graph_capture_sizes" or (
-            field in KernelSettings.model_fields and KernelSettings.model_fields[field].annotation in (bool, int)):
-        message += f"; allowed: {allowed_values(field)}"
+    if field not in overrides and value is None and field in model.model_fields:  # a plugin's own default
+        owner = f"plugin '{model.owners[field]}'" if field in model.owners else "the core"
+        message = (f"the default of {field} (declared by {owner}), {model.model_fields[field].default!r}, is not "
+                   f"allowed: {error.get('msg', 'invalid value')}")
+    info = model.model_fields.get(field)
+    if info is not None and (info.annotation in (bool, int) or (
+            isinstance(info.json_schema_extra, dict) and "allowed" in info.json_schema_extra)):
+        message += f"; allowed: {allowed_values(field, model)}"
     return message
 
 
-def load_settings(additional_config: Mapping[str, Any] | None = None) -> KernelSettings:
+def load_settings(additional_config: Mapping[str, Any] | None = None, *,
+                  declared: Declared | None = None) -> KernelSettings:
     """Build the settings for one engine: additional_config > env > default.
 
     ``additional_config`` is vLLM's ``VllmConfig.additional_config`` (the whole
     dict); only its ``"ascend_kernel"`` entry is read. Every problem (bad
     values, unknown ``ASCEND_KERNEL_*`` variables, empty values) is reported in
-    one :class:`SettingsError`.
+    one :class:`SettingsError`. The settings are the core's plus those the
+    installed plugins declare (``declared``, for tests: [(plugin, model)]).
     """
     overrides: Mapping[str, Any] = {}
     if additional_config:
@@ -309,12 +370,13 @@ def load_settings(additional_config: Mapping[str, Any] | None = None) -> KernelS
                 f"names to values, got {type(section).__name__}"
             )
         overrides = dict(section)
-    problems, covered = _early_problems(overrides)
+    model = settings_model(declared)
+    problems, covered = _early_problems(overrides, model)
     settings = None
     try:
-        settings = KernelSettings(**overrides)
+        settings = model(**overrides)
     except ValidationError as exc:
-        problems += [_describe(e, overrides) for e in exc.errors()
+        problems += [_describe(e, overrides, model) for e in exc.errors()
                      if not (e.get("loc") and str(e["loc"][0]) in covered)]
     if problems or settings is None:
         raise SettingsError(f"Invalid ascend-kernel setting: {'; '.join(problems)}.")
@@ -326,10 +388,17 @@ def env_requests_kernel() -> bool:
     return any(key.upper().startswith(ENV_PREFIX) for key in os.environ)
 
 
-def describe_settings(settings: KernelSettings | None = None) -> list[dict[str, Any]]:
-    """One row per setting: name, type, default, env var, current value."""
+def describe_settings(settings: KernelSettings | None = None, declared: Declared | None = None) -> list[dict[str, Any]]:
+    """One row per setting, the core's first, then each plugin's in plugin order.
+
+    Each row: name, type, default, env var, additional_config key, what is
+    allowed, description, owning plugin (None for the core), current value.
+    """
+    model = type(settings) if settings is not None else settings_model(declared)
+    order = [*KernelSettings.model_fields, *(f for _, m in model.declared for f in m.model_fields)]
     rows = []
-    for name, field in KernelSettings.model_fields.items():
+    for name in order:
+        field = model.model_fields[name]
         annotation = field.annotation
         type_name = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
         rows.append(
@@ -338,6 +407,9 @@ def describe_settings(settings: KernelSettings | None = None) -> list[dict[str, 
                 "type": type_name,
                 "default": field.default,
                 "env": KernelSettings.env_name(name),
+                "additional_config": f'additional_config["{ADDITIONAL_CONFIG_KEY}"]["{name}"]',
+                "allowed": allowed_values(name, model),
+                "plugin": model.owners.get(name),
                 "value": getattr(settings, name) if settings is not None else None,
                 "description": field.description or "",
             }

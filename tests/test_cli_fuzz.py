@@ -25,7 +25,10 @@ from hypothesis import HealthCheck, assume, example, given
 from hypothesis import strategies as st
 
 from ascend_kernel.cli.main import build_parser, main
-from ascend_kernel.settings import ENV_PREFIX, KernelSettings, load_settings
+from ascend_kernel.settings import ENV_PREFIX, KernelSettings, load_settings, settings_model
+
+#: every setting: the core's and the built-in plugins' (ascend_kernel_settings)
+ALL_FIELDS = settings_model().model_fields
 
 FUZZ = fuzz(40, suppress_health_check=[HealthCheck.too_slow])
 #: any text a command line can carry (argv strings cannot hold NUL; undecodable bytes arrive as surrogates)
@@ -229,7 +232,7 @@ def test_speculative_config_key_vllm_does_not_have(model_dir, vllm_types, key, v
 @FUZZ
 @given(key=IDENTIFIER, value=JSON_VALUES)
 def test_additional_config_setting_the_kernel_does_not_have(model_dir, vllm_types, key, value):
-    assume(key not in KernelSettings.model_fields)
+    assume(key not in ALL_FIELDS)
     refused(["explain", "--model", model_dir, "--additional-config", json.dumps({"ascend_kernel": {key: value}})],
             f'unknown setting additional_config["ascend_kernel"]["{key}"]', "known settings: ")
 
@@ -396,13 +399,13 @@ VARIABLE_TAIL = st.text(string.ascii_uppercase + string.digits + "_", min_size=1
 @given(command=st.sampled_from(SETTINGS_COMMANDS), tail=VARIABLE_TAIL, value=ENV_TEXT)
 def test_variable_that_is_no_setting(model_dir, command, tail, value):
     name = ENV_PREFIX + tail
-    assume(name not in {KernelSettings.env_name(f) for f in KernelSettings.model_fields})
+    assume(name not in {KernelSettings.env_name(f) for f in ALL_FIELDS})
     argv = [command, *(["--model", model_dir] if command in ("generate", "explain") else [])]
     refused(argv, f"{name}={value!r} is not a setting", "`ascend-kernel settings` lists every setting",
             env={name: value})
 
 
-@pytest.mark.parametrize("field", sorted(KernelSettings.model_fields))
+@pytest.mark.parametrize("field", sorted(ALL_FIELDS))
 def test_settings_names_the_setting_a_variable_nearly_is(field):
     """``ascend-kernel settings`` reports a misspelt variable with the setting it was probably meant to be."""
     name = KernelSettings.env_name(field) + "X"
@@ -426,7 +429,7 @@ def _rejected(env: dict[str, str]) -> bool:
         os.environ.update(saved)
 
 
-CHECKED_SETTINGS = [f for f, info in KernelSettings.model_fields.items()
+CHECKED_SETTINGS = [f for f, info in ALL_FIELDS.items()
                     if info.annotation in (bool, int) or get_origin(info.annotation) is Literal]
 
 

@@ -110,7 +110,8 @@ def test_builtins_load_in_name_order():
     assert tuple(i.name for i in pm.infos) == BUILTINS
     assert all(i.builtin and i.status == "loaded" and i.distribution == "ascend-kernel" for i in pm.infos)
     assert {i.name for i in pm.infos if i.essential} == set(ESSENTIAL)
-    assert info_of(pm, "sampling").hooks == ["ascend_kernel_rejection_samplers", "ascend_kernel_samplers"]
+    assert info_of(pm, "sampling").hooks == ["ascend_kernel_rejection_samplers", "ascend_kernel_samplers",
+                                            "ascend_kernel_settings"]  # its own settings model
     assert info_of(pm, "moe-comm").entry_point == \
         "ascend_kernel.plugins: moe_comm = ascend_kernel_plugins.moe_comm.plugin"
 

@@ -19,9 +19,12 @@ from ascend_kernel.settings import (
     env_requests_kernel,
     load_settings,
     normalise_name,
+    settings_model,
 )
 
 REPO = Path(__file__).resolve().parents[1]
+#: every setting of this installation: the core's (KernelSettings) and the built-in plugins'
+ALL_FIELDS = settings_model().model_fields
 
 
 @pytest.fixture(autouse=True)
@@ -138,7 +141,7 @@ def test_unknown_additional_config_key_lists_known_settings():
     msg = str(info.value)
     assert 'additional_config["ascend_kernel"]["devcie"]' in msg
     assert "unknown setting" in msg
-    for name in KernelSettings.model_fields:
+    for name in ALL_FIELDS:
         assert name in msg
 
 
@@ -201,7 +204,7 @@ def test_unknown_additional_config_key_suggests_the_closest():
         load_settings(ak(samplr="x"))
 
 
-NON_LIST_SETTINGS = [f for f in KernelSettings.model_fields if f not in LIST_SETTINGS]
+NON_LIST_SETTINGS = [f for f in ALL_FIELDS if f not in LIST_SETTINGS]
 
 
 @pytest.mark.parametrize("field", NON_LIST_SETTINGS)
@@ -214,7 +217,7 @@ def test_empty_env_value_is_an_error_naming_what_is_allowed(monkeypatch, field, 
     msg = str(info.value)
     assert f"{var} is set but empty; allowed: " in msg
     assert msg.count(var) == 1  # pydantic's own error for the same variable is not repeated
-    assert f"(default {KernelSettings.model_fields[field].default!r})" in msg
+    assert f"(default {ALL_FIELDS[field].default!r})" in msg
 
 
 def test_empty_device_names_the_choices(monkeypatch):
@@ -367,7 +370,8 @@ def test_env_requests_kernel(monkeypatch):
 
 def test_describe_settings_lists_every_field_with_env_name():
     rows = describe_settings()
-    assert [r["name"] for r in rows] == list(KernelSettings.model_fields)
+    assert sorted(r["name"] for r in rows) == sorted(ALL_FIELDS)
+    assert [r["name"] for r in rows][:len(KernelSettings.model_fields)] == list(KernelSettings.model_fields)
     for row in rows:
         assert row["env"] == "ASCEND_KERNEL_" + row["name"].upper()
         assert row["description"], row["name"]

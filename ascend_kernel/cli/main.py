@@ -79,14 +79,19 @@ def cmd_settings(args: argparse.Namespace) -> int:
     from ascend_kernel.cli.render import table
     from ascend_kernel.settings import describe_settings, load_settings
 
+    if args.markdown:  # the reference page (docs/settings.md): models only, no values, no env check
+        from ascend_kernel.cli.settings_doc import settings_markdown
+
+        print(settings_markdown(), end="")
+        return 0
     try:
         settings, error = load_settings(), None
     except SettingsError as exc:  # still list every setting (the error points here), then fail
         settings, error = None, exc
     rows = describe_settings(settings)
     _emit(args, {"settings": rows, **({"error": str(error)} if error else {})},
-          table(["setting", "type", "default", "env", "value"],
-                [[r["name"], r["type"], r["default"], r["env"], r["value"]] for r in rows]))
+          table(["setting", "type", "default", "env", "value", "plugin"],
+                [[r["name"], r["type"], r["default"], r["env"], r["value"], r["plugin"] or "(core)"] for r in rows]))
     if error is not None:
         raise error
     return 0
@@ -480,7 +485,10 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     add("plugins", cmd_plugins, "registered plugins, their hooks, implementations and entry points")
-    add("settings", cmd_settings, "every setting: type, default, env var, current value")
+    p = add("settings", cmd_settings, "every setting (the core's and each plugin's): type, default, env var, "
+            "current value, owning plugin")
+    p.add_argument("--markdown", action="store_true",
+                   help="print the settings reference (docs/settings.md) generated from the settings models")
     p = add("tiny-model", cmd_tiny_model, "write a small random-weight local model")
     from ascend_kernel.models import SUPPORTED_ARCHS
 

@@ -16,7 +16,8 @@ One module per family holds its contract and documents what it checks:
 :mod:`~.kv_cache`, :mod:`~.sampler`, :mod:`~.attention_state`,
 :mod:`~.drafter`, :mod:`~.moe_comm_method`, :mod:`~.moe_comm`,
 :mod:`~.layer_ops`, :mod:`~.graph`, :mod:`~.attention_backend`,
-:mod:`~.attention_mask`, :mod:`~.rejection_sampler`. Nothing here starts a
+:mod:`~.attention_mask`, :mod:`~.rejection_sampler`; :mod:`~.settings` checks a
+plugin's settings model (family ``settings``). Nothing here starts a
 vLLM engine; factories get small real vLLM configs
 (:mod:`~.environment`).
 """

@@ -161,7 +161,7 @@ class KitEnvironment:
 
     def settings_variants(self, base: KernelSettings) -> list[tuple[str, KernelSettings]]:
         variants = [("", base)]
-        for name, info in KernelSettings.model_fields.items():
+        for name, info in type(base).model_fields.items():  # the core's and every plugin's settings
             if info.annotation is bool and name not in _NOT_TOGGLES and not getattr(base, name):
                 variants.append((f"{KernelSettings.env_name(name)}=1", base.model_copy(update={name: True})))
         return variants

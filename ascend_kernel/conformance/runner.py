@@ -1,6 +1,7 @@
 """Running the kit: every implementation a plugin registers, through its family's contract.
 
-Implementations are collected plugin by plugin, straight from each plugin's
+A plugin's settings model (``ascend_kernel_settings``) is checked too, as the
+family ``settings`` (:mod:`~.settings`). Implementations are collected plugin by plugin, straight from each plugin's
 registration hooks (so one broken plugin does not hide another's entries),
 and each family's module checks them (see the modules of this package). A
 plugin that registers nothing is listed with one ``registers`` row.
@@ -36,6 +37,8 @@ CONTRACT_MODULES: dict[str, str] = {
     "kv_cache": "kv_cache",
 }
 FAMILIES: tuple[Family, ...] = (*GLOBAL_FAMILIES, *TABLE_FAMILIES, KV_CACHE_FAMILY)
+#: the family name under which a plugin's settings declaration is checked (no implementations: a model)
+SETTINGS_FAMILY = "settings"
 
 
 class UnknownPluginError(KernelError):
@@ -158,6 +161,8 @@ def run_conformance(plugins: Sequence[str] | None = None, *, families: Sequence[
         kit.entries[family.name] = [e for entries in by_plugin.values() for e in entries]
         report.results.extend(p for p in problems if p.plugin in wanted)
     names = {normalise_name(n) for n in implementations} if implementations is not None else None
+    if families is None or SETTINGS_FAMILY in families:
+        report.results.extend(_settings_results(manager, wanted))
     for plugin in wanted:
         registered = False
         for family in FAMILIES:
@@ -175,6 +180,20 @@ def run_conformance(plugins: Sequence[str] | None = None, *, families: Sequence[
                 "registers no implementations" + (f" (hooks: {', '.join(hooks)})" if hooks else ""),
                 entry_point=manager.entry_point_of(plugin)))
     return report
+
+
+def _settings_results(manager: KernelPluginManager, wanted: list[str]) -> list[CheckResult]:
+    """The settings contract of each wanted plugin that declares settings (:mod:`~.settings`)."""
+    from ascend_kernel.conformance.settings import check_settings
+    from ascend_kernel.plugin_manager import declared_settings
+
+    installed = declared_settings()
+    results = []
+    for impl in manager.pm.hook.ascend_kernel_settings.get_hookimpls():
+        if impl.plugin_name in wanted:
+            others = [(p, m) for p, m in installed if p != impl.plugin_name]
+            results += check_settings(impl.plugin_name, impl, manager.entry_point_of(impl.plugin_name), others)
+    return results
 
 
 def check_implementation(entry: Implementation, kit: KitEnvironment, *, distributed: bool = False) -> list[CheckResult]:

@@ -2,7 +2,7 @@
 
 ``cpu-graph`` is never the automatic choice (its priority is below eager's):
 it costs start-up time (a compile per piece and capture size), so it runs only
-when ``graph_mode`` names it; see the README's "Graph capture" section.
+when ``graph_mode`` names it; see docs/graph-capture.md.
 """
 
 from __future__ import annotations
@@ -11,8 +11,14 @@ from typing import Any
 
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
+from ascend_kernel_plugins.graph.settings import GraphSettings
 
 ASCEND_KERNEL_ESSENTIAL = "the runner needs a graph mode, if only 'eager'"
+
+
+@hookimpl
+def ascend_kernel_settings() -> type[GraphSettings]:
+    return GraphSettings
 
 
 @hookimpl

@@ -21,8 +21,14 @@ from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
 from ascend_kernel_plugins.kv_cache.common import PageViewLayout, handles_kv_attention, split_kv
 from ascend_kernel_plugins.kv_cache.int8_bsh import INT8_KV_CACHE_DTYPE, uses_int8_bsh
+from ascend_kernel_plugins.kv_cache.settings import KVCacheSettings
 
 ASCEND_KERNEL_ESSENTIAL = "full-attention layers (every decoder model) need the standard KV layout"
+
+
+@hookimpl
+def ascend_kernel_settings() -> type[KVCacheSettings]:
+    return KVCacheSettings
 
 #: ACL storage formats: ND for the paged-attention kernels, FRACTAL_NZ on 310P
 ACL_FORMAT_ND = 2

@@ -29,8 +29,14 @@ from ascend_kernel.config_changes import ConfigChange, change
 from ascend_kernel.errors import KernelError, SettingsError
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel_plugins.kv_transfer.config_check import mooncake_protocol_problem
+from ascend_kernel_plugins.kv_transfer.settings import KVTransferSettings
 
 MOONCAKE = "MooncakeConnector"
+
+
+@hookimpl
+def ascend_kernel_settings() -> type[KVTransferSettings]:
+    return KVTransferSettings
 
 
 class KVTransferUnsupported(KernelError):

@@ -16,7 +16,7 @@ Two facts decide how a method moves tokens:
 
 A method's combine returns, for this rank's batch, the contribution of the
 experts it computed; ranks of one replica add theirs up in the TP all-reduce
-vLLM performs after every MoE layer (see the README: who reduces).
+vLLM performs after every MoE layer (see docs/families/moe_comm.md: who reduces).
 """
 
 from __future__ import annotations

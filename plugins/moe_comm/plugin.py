@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
+from ascend_kernel_plugins.moe_comm.settings import MoECommSettings
+
+
+@hookimpl
+def ascend_kernel_settings() -> type[MoECommSettings]:
+    return MoECommSettings
 
 
 @hookimpl

@@ -25,8 +25,14 @@ import torch
 
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
+from ascend_kernel_plugins.sampling.settings import SamplingSettings
 
 ASCEND_KERNEL_ESSENTIAL = "every generating model needs a sampler"
+
+
+@hookimpl
+def ascend_kernel_settings() -> type[SamplingSettings]:
+    return SamplingSettings
 
 
 class VllmSampler:

@@ -55,7 +55,7 @@ PROMPTS = ["The capital of France is", "Once upon a time, there was", "the quick
 #: ``uni`` runs each engine core's worker inside the engine-core process (vLLM-CPU allows it only with
 #: VLLM_ENABLE_V1_MULTIPROCESSING=0, which clean_env sets; the server's engine cores stay processes of their
 #: own): two fewer processes importing torch and vLLM per deployment, start-up about halved. DP_TEST_EXECUTOR=mp
-#: runs vLLM's default (a worker process per engine, bound to the cores below), as the README's commands do.
+#: runs vLLM's default (a worker process per engine, bound to the cores below), as the commands in docs/multi-host.md do.
 EXECUTOR = os.environ.get("DP_TEST_EXECUTOR", "uni")
 BASE_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "0",
              "--max-num-seqs", "8", "--api-key", API_KEY]

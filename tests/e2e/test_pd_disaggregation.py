@@ -59,7 +59,7 @@ def mooncake_missing() -> str | None:
     try:
         from mooncake.engine import TransferEngine  # noqa: F401
     except (ImportError, OSError) as exc:
-        return f"the Mooncake transfer engine does not load here ({exc}); see README, setup"
+        return f"the Mooncake transfer engine does not load here ({exc}); see docs/setup.md"
     return None
 
 
