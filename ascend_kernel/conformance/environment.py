@@ -96,6 +96,11 @@ def _recipes() -> dict[str, tuple[str, Callable[[Path], Any]]]:
     def lbnhc(cfg: Any) -> None:
         cfg.cache_config.kv_cache_layout = "LBNHC"
 
+    def quantized(fmt: str):
+        def tweak(cfg: Any) -> None:  # the format vLLM resolved; the family's supports() reads it
+            cfg.model_config.quantization = fmt
+        return tweak
+
     def pd(cfg: Any) -> None:
         from vllm.config import KVTransferConfig
 
@@ -112,6 +117,8 @@ def _recipes() -> dict[str, tuple[str, Callable[[Path], Any]]]:
         "llama-graphs": ("llama", plain(tweak=graphs)),
         "llama-LBNHC": ("llama", plain(tweak=lbnhc)),
         "llama-pd": ("llama", plain(tweak=pd)),
+        "llama-ascend-quant": ("llama", plain(tweak=quantized("ascend"))),
+        "llama-compressed-tensors": ("llama", plain(tweak=quantized("compressed-tensors"))),
         "deepseek_v2": ("deepseek_v2", plain()),
         "deepseek_v2-sparse": ("deepseek_v2", plain({"hf_overrides": {"index_topk": 8, "index_head_dim": 96}})),
         "qwen2_moe": ("qwen2_moe", plain()),

@@ -35,6 +35,7 @@ CONTRACT_MODULES: dict[str, str] = {
     "graph": "graph",
     "layer_ops": "layer_ops",
     "kv_cache": "kv_cache",
+    "quantization": "quantization",
 }
 FAMILIES: tuple[Family, ...] = (*GLOBAL_FAMILIES, *TABLE_FAMILIES, KV_CACHE_FAMILY)
 #: the family name under which a plugin's settings declaration is checked (no implementations: a model)

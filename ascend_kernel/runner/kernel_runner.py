@@ -332,6 +332,8 @@ class KernelRunnerMixin:
         describe_graph = getattr(self.kernel_plan.graph, "describe", None)
         report["graph"] = describe_graph() if describe_graph is not None else {}
         report["model_patches"] = self.kernel_model_patches
+        quantization = self.kernel_plan.quantization
+        report["quantization"] = quantization.describe() if quantization is not None else None
         describe_moe = getattr(self.kernel_plan.moe_comm, "describe", None)
         report["moe_comm"] = describe_moe() if describe_moe is not None else {}
         report["ops_provider"] = provider_name(self.kernel.settings.ops_provider, self.kernel.device_info.kind)

@@ -94,13 +94,12 @@ class AscendSchemes:
 
     def __init__(self, ops: Any) -> None:
         self.ops = ops
-        self.layers: dict[str, int] = {}
+        self.stats = il.LayerStats()
 
     def method_for(self, config: AscendQuantConfig, layer: torch.nn.Module, prefix: str) -> Any:
         if isinstance(layer, LinearBase):
             shards = config.shard_prefixes(prefix)
             kind = config.description.check_fused(prefix, shards) or FLOAT
-            self.layers[kind] = self.layers.get(kind, 0) + 1
             if kind == FLOAT:
                 return UnquantizedLinearMethod()
             return self.linear_method(config.description, kind, prefix, shards[0])
@@ -121,7 +120,8 @@ class AscendSchemes:
                 tail = (1,) if stored is None or len(stored[1]) == 2 else ()
                 declared[rule.suffix] = (il.per_channel(tail), dtype)
         collect = _collect_static if kind == W8A8 else _collect_dynamic
-        return il.Int8LinearMethod(declared, collect, self.ops, bias_folded=kind == W8A8, scheme=kind, prefix=prefix)
+        return il.Int8LinearMethod(declared, collect, self.ops, bias_folded=kind == W8A8, scheme=kind, prefix=prefix,
+                                   stats=self.stats)
 
     def expert_method(self, config: AscendQuantConfig, layer: torch.nn.Module, prefix: str) -> Any:
         kinds = {v for k, v in config.description.types.items()
@@ -134,7 +134,7 @@ class AscendSchemes:
             "linear_quant)")
 
     def describe(self) -> dict[str, Any]:
-        return {"format": FORMAT, "linear_layers": dict(self.layers)}
+        return {"format": FORMAT, **self.stats.as_dict()}
 
 
 def _is_moe(layer: torch.nn.Module) -> bool:

@@ -36,19 +36,19 @@ class SeamCompressedTensorsConfig(CompressedTensorsConfig):
         config = cls.__new__(cls)
         config.__dict__.update(original.__dict__)
         config.seam_ops = ops
-        config.seam_layers = 0
+        config.seam_stats = il.LayerStats()
         return config
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> Any:
         if isinstance(layer, LinearBase):
             scheme = self.get_scheme(layer=layer, layer_name=prefix)
             if isinstance(scheme, CompressedTensorsW8A8Int8):
-                self.seam_layers += 1
-                return int8_method(scheme, self.seam_ops, prefix)
+                return int8_method(scheme, self.seam_ops, prefix, self.seam_stats)
         return super().get_quant_method(layer, prefix)
 
 
-def int8_method(scheme: CompressedTensorsW8A8Int8, ops: Any, prefix: str) -> il.Int8LinearMethod:
+def int8_method(scheme: CompressedTensorsW8A8Int8, ops: Any, prefix: str,
+                stats: il.LayerStats | None = None) -> il.Int8LinearMethod:
     """compressed-tensors' int8 tensors (names and shapes as its checkpoints store them) on the kernel's linear."""
     channelwise = str(scheme.strategy).lower().endswith("channel")
     declared: dict[str, Any] = {"weight_scale": (il.per_channel((1,)) if channelwise else il.per_shard, torch.float32)}
@@ -69,7 +69,7 @@ def int8_method(scheme: CompressedTensorsW8A8Int8, ops: Any, prefix: str) -> il.
         return il.Int8Weights(layer.weight.data, scale, input_scale, zero)
 
     kind = "W8A8" if scheme.is_static_input_scheme else "W8A8_DYNAMIC"
-    return il.Int8LinearMethod(declared, collect, ops, scheme=kind, prefix=prefix)
+    return il.Int8LinearMethod(declared, collect, ops, scheme=kind, prefix=prefix, stats=stats)
 
 
 class CompressedTensorsOnSeam:
@@ -91,4 +91,5 @@ class CompressedTensorsOnSeam:
         return ["quant_config: compressed-tensors int8 W8A8 linears -> the kernel's seam int8 linear"]
 
     def describe(self) -> dict[str, Any]:
-        return {"format": FORMAT, "seam_int8_linears": 0 if self.config is None else self.config.seam_layers}
+        stats = il.LayerStats() if self.config is None else self.config.seam_stats
+        return {"format": FORMAT, **stats.as_dict()}

@@ -19,7 +19,7 @@ needs, so a layer keeps about a quarter of its float32 bytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -56,6 +56,28 @@ class Int8Weights:
     zero_point: torch.Tensor | None  # float32 [1], a whole number; None: symmetric activations
     deq_scale: torch.Tensor | None = None  # float32 [N]: input scale x weight scale as the checkpoint stored it
     bias_codes: torch.Tensor | None = None  # int64 [N]: the bias in units of deq_scale, this rank's share
+
+
+@dataclass
+class LayerStats:
+    """What the quantized layers of one engine keep, for the report (and the benchmark's bytes ratio)."""
+
+    layers: dict[str, int] = field(default_factory=dict)  # scheme -> layers
+    executors: dict[str, int] = field(default_factory=dict)  # executor class -> layers
+    kept_bytes: int = 0  # what the executors hold: int8 weights (packed or not) and scales
+    float32_bytes: int = 0  # what the same weights take in float32
+
+    def add(self, scheme: str, executor: Any, weight: torch.Tensor) -> None:
+        self.layers[scheme] = self.layers.get(scheme, 0) + 1
+        name = type(executor).__name__
+        self.executors[name] = self.executors.get(name, 0) + 1
+        self.kept_bytes += executor.weight_bytes()
+        self.float32_bytes += 4 * weight.numel()
+
+    def as_dict(self) -> dict[str, Any]:
+        ratio = self.kept_bytes / self.float32_bytes if self.float32_bytes else None
+        return {"int8_layers": dict(self.layers), "executors": dict(self.executors), "kept_bytes": self.kept_bytes,
+                "float32_bytes": self.float32_bytes, "weight_bytes_ratio": ratio}
 
 
 class SeamInt8Executor:
@@ -165,8 +187,9 @@ class Int8LinearMethod(LinearMethodBase):
 
     def __init__(self, tensors: dict[str, tuple[ParamFactory, torch.dtype]],
                  collect: Callable[[torch.nn.Module], Int8Weights], ops: Any, *, bias_folded: bool = False,
-                 scheme: str = "", prefix: str = "") -> None:
+                 scheme: str = "", prefix: str = "", stats: LayerStats | None = None) -> None:
         self.prefix = prefix
+        self.stats = stats
         self.tensors = tensors
         self.collect = collect
         self.ops = ops
@@ -192,7 +215,10 @@ class Int8LinearMethod(LinearMethodBase):
         act_dtype = torch.get_default_dtype() if layer.params_dtype is None else layer.params_dtype
         layer_bias = getattr(layer, "bias", None)
         layer_bias = layer_bias.data if isinstance(layer_bias, torch.Tensor) else None
-        setattr(layer, EXECUTOR_ATTR, build_executor(weights, self.ops, act_dtype, layer_bias, self.bias_folded))
+        executor = build_executor(weights, self.ops, act_dtype, layer_bias, self.bias_folded)
+        setattr(layer, EXECUTOR_ATTR, executor)
+        if self.stats is not None:
+            self.stats.add(self.scheme, executor, weights.weight)
         for name in ("weight", *self.tensors):  # the executor holds what it needs; drop the loaded copies
             setattr(layer, name, None)
 
@@ -246,6 +272,6 @@ def torch_dtype(safetensors_dtype: str, default: torch.dtype) -> torch.dtype:
     return _TORCH_DTYPES.get(safetensors_dtype, default)
 
 
-__all__ = ["Int8LinearMethod", "Int8Weights", "SeamInt8Executor", "CpuInt8Executor", "build_executor",
+__all__ = ["Int8LinearMethod", "LayerStats", "Int8Weights", "SeamInt8Executor", "CpuInt8Executor", "build_executor",
            "float32_bits_to_scale", "one_value", "full_row_sums", "bias_on_this_rank", "checked_zero",
            "per_channel", "per_shard", "torch_dtype", "layer_prefix", "EXECUTOR_ATTR"]

@@ -1,0 +1,324 @@
+"""Quantized checkpoints end to end: msModelSlim's ``ascend`` format and compressed-tensors int8, through the CLI.
+
+The checkpoints are made the way Ascend users make them: msModelSlim 26.1.0
+(``msmodelslim quant ... --device cpu``) on the tiny Llama, with both of its
+config APIs (``modelslim_v1``: ``linear_quant`` + ``ascendv1_saver``;
+``modelslim_v0``: ``calib_cfg``), float32 and bfloat16 sources, static W8A8
+and W8A8_DYNAMIC. The oracles:
+
+* stock vLLM-CPU on the same int8 weights converted losslessly to
+  compressed-tensors (``ascend_kernel_plugins.quantization.convert``): the
+  kernel's greedy tokens on the ``ascend`` checkpoint equal stock's exactly
+  (bfloat16, vLLM-CPU's int8 GEMMs on both sides), at TP=1 and TP=2;
+* transformers running the dequantized model with the NPU's activation
+  quantization (float64 numpy per linear): the kernel in float32, where its
+  int8 layers run the seam's reference ops;
+* for the real SmolLM2, its float32 answers (agreement reported, Paris kept).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.e2e.conftest import PROMPTS, clean_env, generate, run_cli, tokens
+
+pytestmark = pytest.mark.e2e
+
+MSMODELSLIM = Path(sys.executable).with_name("msmodelslim")
+KERNEL = clean_env(ASCEND_KERNEL_DEVICE="cpu")
+MAX_TOKENS = 10
+
+V1_DYNAMIC = """apiversion: modelslim_v1
+spec:
+  process:
+    - type: "linear_quant"
+      qconfig:
+        act: {scope: "per_token", dtype: "int8", symmetric: True, method: "minmax"}
+        weight: {scope: "per_channel", dtype: "int8", symmetric: True, method: "minmax"}
+      include: ["*"]
+  save:
+    - type: "ascendv1_saver"
+      part_file_size: 4
+"""
+V1_STATIC = V1_DYNAMIC.replace('"per_token", dtype: "int8", symmetric: True', '"per_tensor", dtype: "int8", '
+                                                                              'symmetric: False')
+V0 = """apiversion: modelslim_v0
+spec:
+  calib_cfg: {{w_bit: 8, a_bit: 8, mm_tensor: False, is_dynamic: {dynamic}, disable_names: ['lm_head']}}
+  calib_save_params: {{part_file_size: 4}}
+"""
+#: name -> (msModelSlim config, source dtype, the scheme it writes)
+RECIPES = {
+    "v1-dynamic": (V1_DYNAMIC, "float32", "W8A8_DYNAMIC"),
+    "v1-static": (V1_STATIC, "float32", "W8A8"),
+    "v0-static-bf16": (V0.format(dynamic="False"), "bfloat16", "W8A8"),
+    "v0-dynamic-bf16": (V0.format(dynamic="True"), "bfloat16", "W8A8_DYNAMIC"),
+}
+
+
+def msmodelslim(model: Path, out: Path, config: str) -> Path:
+    cfg = out.with_suffix(".yaml")
+    cfg.write_text(config)
+    proc = subprocess.run([str(MSMODELSLIM), "quant", "--model_type", "default", "--model_path", str(model),
+                           "--save_path", str(out), "--device", "cpu", "--config_path", str(cfg)],
+                          capture_output=True, text=True, timeout=600, env=clean_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def as_bfloat16(model: Path, out: Path) -> Path:
+    """A bfloat16 copy of a float32 checkpoint (msModelSlim then writes float32 deq_scale, not int64 bits)."""
+    shutil.copytree(model, out)
+    weights = load_file(out / "model.safetensors")
+    save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()},
+              out / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["dtype"] = "bfloat16"
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def to_compressed_tensors(src: Path, dst: Path) -> Path:
+    from ascend_kernel_plugins.quantization.convert import to_compressed_tensors as convert
+
+    convert(src, dst)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tiny_llama, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """Each recipe's msModelSlim checkpoint and its compressed-tensors twin."""
+    root = tmp_path_factory.mktemp("quant")
+    bf16 = as_bfloat16(tiny_llama, root / "llama-bf16")
+    made = {}
+    for name, (config, dtype, _) in RECIPES.items():
+        ascend = msmodelslim(bf16 if dtype == "bfloat16" else tiny_llama, root / name, config)
+        made[name] = (ascend, to_compressed_tensors(ascend, root / f"{name}-ct"))
+    return made
+
+
+@pytest.fixture(scope="module")
+def stock(checkpoints) -> dict[str, list[list[int]]]:
+    return {name: tokens(generate(ct, "--stock", "--dtype", "bfloat16", max_tokens=MAX_TOKENS))
+            for name, (_, ct) in checkpoints.items()}
+
+
+def quantization_decision(result: dict) -> dict:
+    return next(d for d in result["report"]["decisions"] if d["family"] == "quantization")
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_ascend_checkpoint_equals_stock_on_the_same_int8_weights(name, checkpoints, stock):
+    ascend, _ = checkpoints[name]
+    scheme = RECIPES[name][2]
+    description = json.loads((ascend / "quant_model_description.json").read_text())
+    assert description["model.layers.0.self_attn.q_proj.weight"] == scheme
+    # found from the description file alone (dtype: bfloat16 by default for a quantized checkpoint)
+    result = generate(ascend, env=KERNEL, max_tokens=MAX_TOKENS)
+    assert tokens(result) == stock[name]
+    assert quantization_decision(result)["chosen"] == "ascend"
+    changes = {c["path"]: c for c in result["report"]["config_changes"]}
+    assert changes["model_config.quantization"]["new"] == "ascend"
+    quant = result["report"]["quantization"]
+    assert quant["int8_layers"] == {scheme: 2 * 4}  # qkv, o, gate_up, down per layer: the fused layers share one
+    assert quant["executors"] == {"CpuInt8Executor": 8}
+    assert quant["weight_bytes_ratio"] <= 0.27
+
+
+def test_compressed_tensors_runs_its_int8_linears_on_the_seam(checkpoints, stock):
+    _, ct = checkpoints["v1-static"]
+    result = generate(ct, env=KERNEL, max_tokens=MAX_TOKENS)
+    assert tokens(result) == stock["v1-static"]
+    assert quantization_decision(result)["chosen"] == "compressed-tensors-seam"
+    assert result["report"]["quantization"]["int8_layers"] == {"W8A8": 8}
+    assert any("compressed-tensors" in patch for patch in result["report"]["model_patches"])
+
+
+def test_tensor_parallel_static_w8a8_equals_stock(checkpoints):
+    """TP=2: row-parallel layers split the zero-point correction; the folded bias is added once."""
+    ascend, ct = checkpoints["v1-static"]
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    tp = ("--engine-arg", "tensor_parallel_size=2", "--quantization", "ascend")
+    ours = generate(ascend, *tp, env=clean_env(ASCEND_KERNEL_DEVICE="cpu", **env), max_tokens=MAX_TOKENS)
+    theirs = generate(ct, "--stock", "--engine-arg", "tensor_parallel_size=2",
+                      env=clean_env(**env), max_tokens=MAX_TOKENS)
+    assert tokens(ours) == tokens(theirs)
+
+
+def _npu_layers(ascend: Path) -> dict[str, object]:
+    """Per quantized linear, a float64 function computing the NPU's layer from the checkpoint's tensors."""
+    from ascend_kernel.ops.quant_ops import float32_bits_to_scale
+
+    description = json.loads((ascend / "quant_model_description.json").read_text())
+    tensors = {}
+    for path in ascend.glob("*.safetensors"):
+        tensors.update(load_file(path))
+    layers = {}
+    for name, kind in description.items():
+        if not name.endswith(".weight") or kind not in ("W8A8", "W8A8_DYNAMIC"):
+            continue
+        prefix = name[: -len(".weight")]
+        w = tensors[name].numpy().astype(np.int64)
+        if kind == "W8A8_DYNAMIC":
+            ws = tensors[f"{prefix}.weight_scale"].double().numpy().reshape(-1)
+
+            def layer(x, w=w, ws=ws):
+                scale = np.abs(x).max(axis=-1, keepdims=True) / 127
+                xq = np.clip(np.rint(x / np.where(scale > 0, scale, 1)), -128, 127).astype(np.int64)
+                return (xq @ w.T) * ws * scale
+        else:
+            inv = 1 / tensors[f"{prefix}.input_scale"].double().numpy()
+            off = tensors[f"{prefix}.input_offset"].double().numpy()
+            qb = tensors[f"{prefix}.quant_bias"].numpy().astype(np.int64)
+            deq = float32_bits_to_scale(tensors[f"{prefix}.deq_scale"].reshape(-1)).double().numpy()
+
+            def layer(x, w=w, inv=inv, off=off, qb=qb, deq=deq):
+                xq = np.clip(np.rint(x * inv + off), -128, 127).astype(np.int64)
+                return (xq @ w.T + qb) * deq
+        layers[prefix] = layer
+    return layers
+
+
+def hf_greedy_npu_layers(source: Path, ascend: Path, prompt_ids: list[list[int]],
+                         max_tokens: int) -> list[list[int]]:
+    """Transformers' Llama (float32) with every quantized linear computed as the NPU computes it (float64)."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    layers = _npu_layers(ascend)
+    hf = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    for prefix, fn in layers.items():
+        module = hf.get_submodule(prefix)
+        module.forward = lambda x, fn=fn: torch.from_numpy(fn(x.double().numpy())).to(x.dtype)
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_tokens, eos_token_id=None, pad_token_id=0,
+                              bos_token_id=None)
+    out = []
+    with torch.no_grad():
+        for ids in prompt_ids:
+            x = torch.tensor([ids])
+            y = hf.generate(x, attention_mask=torch.ones_like(x), generation_config=config)
+            out.append(y[0, len(ids):].tolist())
+    return out
+
+
+@pytest.mark.parametrize("name", ["v1-dynamic", "v1-static"])
+def test_float32_runs_the_seam_reference_ops_as_the_npu_computes(name, checkpoints, tiny_llama):
+    """In float32 the int8 layers run the seam's quantize/dynamic_quant + quant_matmul (reference provider)."""
+    ascend, _ = checkpoints[name]
+    result = generate(ascend, "--dtype", "float32", env=KERNEL, max_tokens=MAX_TOKENS)
+    assert result["report"]["quantization"]["executors"] == {"SeamInt8Executor": 8}
+    prompt_ids = [o["prompt_token_ids"] for o in result["outputs"]]
+    assert tokens(result) == hf_greedy_npu_layers(tiny_llama, ascend, prompt_ids, MAX_TOKENS)
+
+
+# -- bad input: one clear error before anything loads ------------------------------------------
+
+
+def _broken(src: Path, dst: Path, edit_description=None, edit_tensors=None) -> Path:
+    shutil.copytree(src, dst)
+    if edit_description is not None:
+        path = dst / "quant_model_description.json"
+        description = json.loads(path.read_text())
+        edit_description(description)
+        path.write_text(json.dumps(description))
+    if edit_tensors is not None:
+        (file,) = dst.glob("*.safetensors")
+        tensors = load_file(file)
+        edit_tensors(tensors)
+        save_file(tensors, file, metadata={"format": "pt"})
+    return dst
+
+
+def _error(model: Path, *extra: str) -> str:
+    proc = run_cli(["generate", "--model", str(model), "--max-tokens", "2", "--prompt", PROMPTS[0], *extra],
+                   env=KERNEL, expect_rc=2)
+    return proc.stderr.strip().splitlines()[-1]
+
+
+def test_bad_checkpoints_are_refused_naming_the_tensor(checkpoints, tiny_llama, tmp_path):
+    dynamic, _ = checkpoints["v1-dynamic"]
+    q = "model.layers.0.self_attn.q_proj"
+
+    def unknown(d):
+        d[f"{q}.weight"] = "W4A16"
+    message = _error(_broken(dynamic, tmp_path / "unknown", unknown))
+    assert f"'{q}.weight' has type 'W4A16'" in message and "Allowed types: FLOAT, W8A8, W8A8_DYNAMIC" in message
+
+    message = _error(_broken(dynamic, tmp_path / "missing", edit_tensors=lambda t: t.pop(f"{q}.weight_scale")))
+    assert f"no '{q}.weight_scale'" in message
+
+    def misshaped(t):
+        t[f"{q}.weight_scale"] = t[f"{q}.weight_scale"][:5]
+    message = _error(_broken(dynamic, tmp_path / "shape", edit_tensors=misshaped))
+    assert f"'{q}.weight_scale' has shape [5, 1]" in message and "[128, 1] or [128]" in message
+
+    def mixed(d):  # k_proj left FLOAT inside the fused qkv_proj
+        for suffix in ("weight", "weight_scale", "weight_offset"):
+            d["model.layers.0.self_attn.k_proj." + suffix] = "FLOAT"
+    message = _error(_broken(dynamic, tmp_path / "mixed", mixed))
+    assert "'model.layers.0.self_attn.qkv_proj' fuses shards of different types" in message
+    assert "k_proj=FLOAT" in message and "q_proj=W8A8_DYNAMIC" in message
+
+    message = _error(tiny_llama, "--quantization", "ascend")
+    assert "needs msModelSlim's quant_model_description.json" in message
+
+
+def _int8_experts(model: Path, out: Path) -> Path:
+    """An msModelSlim-style checkpoint of a MoE model whose experts are W8A8_DYNAMIC (per-channel int8)."""
+    shutil.copytree(model, out)
+    tensors = load_file(out / "model.safetensors")
+    description = {name: "FLOAT" for name in tensors}
+    for name in [n for n in tensors if ".experts." in n and n.endswith("proj.weight")]:
+        w = tensors[name].float()
+        scale = w.abs().amax(dim=1, keepdim=True) / 127
+        tensors[name] = torch.round(w / scale).to(torch.int8)
+        prefix = name[: -len(".weight")]
+        tensors[f"{prefix}.weight_scale"] = scale
+        tensors[f"{prefix}.weight_offset"] = torch.zeros_like(scale)
+        for suffix in ("weight", "weight_scale", "weight_offset"):
+            description[f"{prefix}.{suffix}"] = "W8A8_DYNAMIC"
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    (out / "quant_model_description.json").write_text(json.dumps({**description, "model_quant_type": "W8A8_DYNAMIC"}))
+    return out
+
+
+def test_a_scheme_the_moe_path_cannot_serve_is_refused(tmp_path):
+    from ascend_kernel.models import create_tiny_model
+
+    moe = create_tiny_model("qwen2_moe", tmp_path / "qwen2_moe", seed=0)
+    message = _error(_int8_experts(moe, tmp_path / "qwen2_moe-int8-experts"))
+    assert "MoE layer 'model.layers.0.mlp.experts' has W8A8_DYNAMIC experts" in message
+
+
+# -- the real model -----------------------------------------------------------------------------------
+
+REAL_PROMPTS = ["The capital of France is", "Once upon a time, there was a", "The largest planet in our solar system is",
+                "Water boils at a temperature of", "The first president of the United States was",
+                "def fibonacci(n):", "The chemical symbol for gold is", "My favourite food is"]
+
+
+def test_real_smollm2_w8a8_dynamic_still_answers(tmp_path):
+    """SmolLM2 quantized W8A8_DYNAMIC by msModelSlim: Paris stays Paris; agreement with float32 is printed."""
+    from ascend_kernel.models.real import DEFAULT_DIR, prepare_real_model
+    from tests.e2e.conftest import REPO
+
+    real = prepare_real_model(REPO / DEFAULT_DIR)
+    quantized = msmodelslim(real, tmp_path / "smollm2-w8a8-dynamic", V1_DYNAMIC)
+    ours = generate(quantized, env=KERNEL, max_tokens=8, prompts=REAL_PROMPTS)
+    reference = generate(real, env=KERNEL, max_tokens=8, prompts=REAL_PROMPTS)
+    assert ours["report"]["quantization"]["int8_layers"] == {"W8A8_DYNAMIC": 30 * 4}
+    answers = [o["text"] for o in ours["outputs"]]
+    assert "Paris" in answers[0], answers[0]
+    same = [a == b for a, b in zip(tokens(ours), tokens(reference))]
+    first = [a[0] == b[0] for a, b in zip(tokens(ours), tokens(reference))]
+    print(f"SmolLM2 W8A8_DYNAMIC vs float32 over {len(same)} prompts: {sum(same)} identical 8-token answers, "
+          f"{sum(first)} identical first tokens")
+    assert sum(first) >= len(first) - 2
