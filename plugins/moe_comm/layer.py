@@ -106,15 +106,23 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         local = layer.local_num_experts
         maps = gather_expert_maps(layer.expert_map, layer.global_num_experts, _metadata_group(self.parallel),
                                   self.parallel.ep_size)
-        # the experts' weights in the layout their kernel wants (prepacked for vLLM-CPU's fused kernel, or
-        # transposed for the seam's grouped matmul), stored once in place of vLLM's copy
-        self.local_experts = LocalExperts.build(layer.w13_weight.data, layer.w2_weight.data,
-                                                slot_table(maps, local), local, self.seam_ops)
-        kernel = self.local_experts.fused or self.local_experts
-        layer.w13_weight.data, layer.w2_weight.data = kernel.w13, kernel.w2
+        self.local_experts = self.build_local_experts(layer, slot_table(maps, local), local)
         self.seam_gating = plain_softmax_routing(layer)
         self.renormalize = bool(layer.renormalize)
         self.layer_name = layer.layer_name  # the routed-experts op finds this method by it, in the forward context
+
+    def build_local_experts(self, layer: Any, slot_of: torch.Tensor, local: int) -> LocalExperts:
+        """This rank's experts in the layout their kernel wants, stored once in place of vLLM's copy.
+
+        Prepacked for vLLM-CPU's fused kernel, or transposed for the seam's
+        grouped matmul. A subclass with other weights (int8 experts) builds
+        its own :class:`LocalExperts`; everything else (routing, comm methods)
+        is shared.
+        """
+        experts = LocalExperts.build(layer.w13_weight.data, layer.w2_weight.data, slot_of, local, self.seam_ops)
+        kernel = experts.fused or experts
+        layer.w13_weight.data, layer.w2_weight.data = kernel.w13, kernel.w2
+        return experts
 
     def apply(self, layer: Any, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
               shared_experts: Any, shared_experts_input: torch.Tensor | None) -> torch.Tensor:

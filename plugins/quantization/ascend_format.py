@@ -128,10 +128,14 @@ class AscendSchemes:
                  if k.startswith(f"{prefix}.") and k.endswith(".weight")}
         if not kinds or kinds == {FLOAT}:
             return None  # vLLM's unquantized experts (the kernel's MoE layer replaces them)
+        if kinds == {W8A8_DYNAMIC}:
+            from ascend_kernel_plugins.quantization.int8_experts import AscendInt8FusedMoEMethod
+
+            self.stats.layers["experts:" + W8A8_DYNAMIC] = self.stats.layers.get("experts:" + W8A8_DYNAMIC, 0) + 1
+            return AscendInt8FusedMoEMethod(layer.moe_config)
         raise QuantizationError(
-            f"MoE layer {prefix!r} has {'/'.join(sorted(kinds))} experts; the kernel's MoE layer serves FLOAT experts "
-            f"only so far (quantize the experts' linears as FLOAT, e.g. exclude \"*experts*\" in msModelSlim's "
-            "linear_quant)")
+            f"MoE layer {prefix!r} has {'/'.join(sorted(kinds))} experts; the kernel's MoE layer serves FLOAT or "
+            f"{W8A8_DYNAMIC} experts (all of a layer's experts alike)")
 
     def describe(self) -> dict[str, Any]:
         return {"format": FORMAT, **self.stats.as_dict()}
