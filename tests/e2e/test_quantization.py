@@ -290,12 +290,44 @@ def _int8_experts(model: Path, out: Path) -> Path:
     return out
 
 
-def test_a_scheme_the_moe_path_cannot_serve_is_refused(tmp_path):
+@pytest.fixture(scope="module")
+def int8_experts(tmp_path_factory) -> Path:
     from ascend_kernel.models import create_tiny_model
 
-    moe = create_tiny_model("qwen2_moe", tmp_path / "qwen2_moe", seed=0)
-    message = _error(_int8_experts(moe, tmp_path / "qwen2_moe-int8-experts"))
-    assert "MoE layer 'model.layers.0.mlp.experts' has W8A8_DYNAMIC experts" in message
+    root = tmp_path_factory.mktemp("int8_experts")
+    return _int8_experts(create_tiny_model("qwen2_moe", root / "qwen2_moe", seed=0), root / "qwen2_moe-int8-experts")
+
+
+EXPERT_PARALLEL = ("--engine-arg", "tensor_parallel_size=2", "--engine-arg", "enable_expert_parallel=True",
+                   "--engine-arg", "max_num_seqs=4")
+
+
+@pytest.fixture(scope="module")
+def int8_experts_tp1(int8_experts) -> list[list[int]]:
+    result = generate(int8_experts, "--dtype", "float32", env=KERNEL, max_tokens=MAX_TOKENS, prompts=PROMPTS[:2])
+    assert result["report"]["quantization"]["int8_layers"] == {"experts:W8A8_DYNAMIC": 2}
+    return tokens(result)
+
+
+@pytest.mark.parametrize("method", ["alltoall", "mc2", "naive_multicast"])
+def test_int8_experts_through_every_comm_method_equal_tp1(method, int8_experts, int8_experts_tp1):
+    """W8A8_DYNAMIC experts at TP=2 + EP: each forced comm method (MC2's prefill falls back to all-to-all; TP=1
+    runs all-gather) gives the TP=1 tokens."""
+    env = clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_MOE_COMM_METHOD=method, VLLM_CPU_OMP_THREADS_BIND="0|1")
+    result = generate(int8_experts, "--dtype", "float32", *EXPERT_PARALLEL, env=env, max_tokens=MAX_TOKENS,
+                      prompts=PROMPTS[:2])
+    assert tokens(result) == int8_experts_tp1
+    assert method in result["report"]["trace"]["moe_methods"]
+
+
+def test_w4a8_experts_are_refused_naming_what_is_served(int8_experts, tmp_path):
+    def w4a8(d):
+        for name, kind in list(d.items()):
+            if kind == "W8A8_DYNAMIC":
+                d[name] = "W4A8_DYNAMIC"
+    message = _error(_broken(int8_experts, tmp_path / "w4a8", w4a8))
+    assert "has type W4A8_DYNAMIC, which the kernel serves on no layer yet" in message
+    assert "MoE experts W8A8_DYNAMIC" in message
 
 
 # -- the real model -----------------------------------------------------------------------------------
