@@ -133,7 +133,7 @@ class AscendIndexer(nn.Module):
         cache = self.k_cache.kv_cache.unsqueeze(2)  # [blocks, block_size, 1, head_dim]
         n = metadata.num_actual_tokens
         self.ops.write_cache(k[:n].unsqueeze(1), cache, metadata.slot_mapping[:n])
-        real = int(metadata.query_lens.sum())
+        real = metadata.num_real_tokens  # counted once per step by the builder
         selected = self.ops.lightning_indexer(q[:real], cache, weights[:real], metadata.query_lens,
                                               metadata.seq_lens, metadata.block_table.to(torch.int32),
                                               self.topk_tokens)
