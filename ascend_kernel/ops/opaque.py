@@ -33,8 +33,9 @@ import torch
 from torch.compiler import is_compiling
 
 from ascend_kernel.ops import moe_fakes
+from ascend_kernel.upstream import dispatch_mode_depth
 
-_dispatch_modes = torch._C._len_torch_dispatch_stack  # > 0 while a TorchDispatchMode is active
+_dispatch_modes = dispatch_mode_depth  # > 0 while a TorchDispatchMode is active
 _LIB = torch.library.Library("ascend_kernel", "FRAGMENT")  # noqa: TOR901 - a namespace of our own
 _PROVIDERS: dict[str, Any] = {}
 _DEFINED: set[str] = set()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -102,6 +102,10 @@ def attn_modules_per_layer(layer_names: Any) -> int:
 
 class KernelRunnerMixin:
     """Routes the runner's feature seams through the kernel's plan."""
+
+    #: vLLM's own methods the step wraps, found once per runner class (:meth:`__init_subclass__`)
+    _vllm_prepare_inputs: Callable[..., Any]
+    _vllm_sample: Callable[..., Any]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Resolve once, per concrete runner class, the vLLM methods the step wraps.

@@ -45,6 +45,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector im
     MooncakeConnectorWorker,
 )
 
+from ascend_kernel.upstream import connector_vllm_config, mooncake_blocks_per_logical_block
 from ascend_kernel_plugins.kv_transfer.counts import TransferCounts
 
 #: what ``kv_transfer_config`` names after the fix-up
@@ -86,7 +87,7 @@ class KernelMooncakeWorker(MooncakeConnectorWorker):
         super().register_kv_caches(kv_caches)
         # one logical block = its kernel blocks in every registered region
         self.kernel_counts.bytes_per_block = (sum(self.kv_block_len_per_layer)
-                                              * self._physical_blocks_per_logical_kv_block)
+                                              * mooncake_blocks_per_logical_block(self))
 
     def _send_blocks(self, remote_session: str, src_ptrs: list[int], dst_ptrs: list[int],
                      lengths: list[int]) -> int:
@@ -172,15 +173,15 @@ class KernelMooncakeConnector(MooncakeConnector):
         )
         from vllm.utils.network_utils import get_ip, make_zmq_path
 
-        explicit = self._vllm_config.kv_transfer_config.get_from_extra_config("bootstrap_server_address", None)
+        explicit = connector_vllm_config(self).kv_transfer_config.get_from_extra_config("bootstrap_server_address", None)
         if explicit is not None:
             return explicit if "://" in explicit else f"http://{explicit}"
-        _, port = get_mooncake_bootstrap_addr(self._vllm_config)
+        _, port = get_mooncake_bootstrap_addr(connector_vllm_config(self))
         return make_zmq_path("http", get_ip(), port)
 
     def describe_transfer(self) -> dict[str, Any]:
         """This worker's transfer totals (the report's ``kv_transfer``)."""
         worker = self.connector_worker
         counts = worker.kernel_counts.as_dict() if worker is not None else {}
-        role = self._vllm_config.kv_transfer_config.kv_role
+        role = connector_vllm_config(self).kv_transfer_config.kv_role
         return {"connector": "MooncakeConnector", "kv_role": role, **counts}

@@ -38,6 +38,7 @@ from vllm.v1.attention.backends.mla.prefill.base import MLAPrefillBackend
 
 from ascend_kernel import kernel as kernel_mod
 from ascend_kernel.ops import get_ops
+from ascend_kernel.upstream import mla_impl_defaults
 from ascend_kernel_plugins.attention.ascend.backend import host_seq_lens_are_exact
 from ascend_kernel_plugins.attention.ascend.graph_params import captured_mla_decode
 from ascend_kernel_plugins.attention.ascend.host_lengths import StepHostLengths, host_lengths_capacity
@@ -164,8 +165,7 @@ class AscendMLAImpl(MLACommonImpl[MLACommonMetadata]):
         self.indexer = mla_args.get("indexer")
         self.q_pad_num_heads = mla_args.get("q_pad_num_heads")
         self.supports_quant_query_input = False
-        self._use_flashinfer_concat_mla_k = False
-        self._pad_v = False
+        mla_impl_defaults(self)  # MLACommonImpl's private switches, which its skipped __init__ would set
         self.dcp_world_size = 1
         self.cp_kv_cache_interleave_size = 1
         kernel = kernel_mod.current()
@@ -271,11 +271,10 @@ class AscendMLAPrefillBackend(MLAPrefillBackend):
         return self.ops.ragged_attention_lse(q, k, v, query_starts, key_starts, float(self.scale), causal=False)
 
     def _step_host(self) -> "_PrefillHostLengths":
-        """This step's host lengths (read by :meth:`prepare_metadata`; direct callers that set only
-        ``_prefill_metadata`` get them read now)."""
+        """This step's host lengths (read by :meth:`prepare_metadata`, which vLLM's builder calls each step)."""
         host = self._host
-        if host is None or host.source is not self._prefill_metadata:
-            host = self._host = _PrefillHostLengths.of(self._prefill_metadata)
+        if host is None:
+            raise RuntimeError("the Ascend MLA prefill ran before vLLM's builder called prepare_metadata")
         return host
 
 
