@@ -30,7 +30,7 @@ from typing import Any
 
 REPORT_PATH = "/ascend-kernel/report"
 MIDDLEWARE = "ascend_kernel.cli.serving.KernelReportMiddleware"
-RPC_TIMEOUT_S = 60.0
+RPC_TIMEOUT_S = 60.0  # the default of ASCEND_KERNEL_REPORT_RPC_TIMEOUT_S (the setting is what the route uses)
 
 
 def _json(status: int, payload: Any) -> Any:
@@ -59,9 +59,12 @@ async def worker_reports(engine_client: Any) -> list[dict[str, Any]]:
     """
     core = getattr(engine_client, "engine_core", None)
     call_all = getattr(core, "call_utility_all_async", None)
+    from ascend_kernel.settings import load_settings
+
+    timeout = load_settings().report_rpc_timeout_s
     if call_all is None or len(getattr(core, "core_engines", ())) < 2:
-        return list(await engine_client.collective_rpc("ascend_kernel_report", timeout=RPC_TIMEOUT_S))
-    per_engine = await call_all("collective_rpc", "ascend_kernel_report", RPC_TIMEOUT_S, (), None)
+        return list(await engine_client.collective_rpc("ascend_kernel_report", timeout=timeout))
+    per_engine = await call_all("collective_rpc", "ascend_kernel_report", timeout, (), None)
     return [report for engine in per_engine for report in engine]
 
 
