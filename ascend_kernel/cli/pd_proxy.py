@@ -130,7 +130,7 @@ def prefill_body(body: dict[str, Any], transfer_id: str) -> dict[str, Any]:
 def _error(status: int, message: str) -> Any:
     from starlette.responses import JSONResponse
 
-    kind = "BadGateway" if status >= 500 else "BadRequestError"
+    kind = "ServiceUnavailable" if status == 503 else "BadGateway" if status >= 500 else "BadRequestError"
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
 
 

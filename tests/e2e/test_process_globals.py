@@ -53,3 +53,17 @@ def test_globals_are_back_or_recorded(tiny_v32, tmp_path, capture_mode):
     assert not unrecorded, f"environment variables the kernel wrote without a recorded config change: {unrecorded}"
     if capture_mode == "piecewise":  # the one variable the graph plugin sets for the engine processes
         assert "env.VLLM_USE_AOT_COMPILE" in recorded or "VLLM_USE_AOT_COMPILE" in os.environ
+
+
+def test_generate_json_stdout_is_the_document_only(tiny_llama):
+    """``generate --json`` from the command line: stdout parses as one JSON document, nothing before or after
+    (the engine's own output went to stderr; under Ray its workers' lines would too)."""
+    from tests.e2e.conftest import CLI
+
+    proc = subprocess.run([*CLI, "generate", "--json", "--model", str(tiny_llama), "--max-tokens", "3",
+                           "--prompt", "hello"], cwd=REPO, env=clean_env(ASCEND_KERNEL_DEVICE="cpu"),
+                          capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    document = json.loads(proc.stdout)
+    assert len(document["outputs"][0]["token_ids"]) == 3
+    assert proc.stderr, "the engine's log lines are on stderr"
