@@ -101,7 +101,8 @@ class CpuFusedMoEOps:
         expert = torch.repeat_interleave(torch.arange(experts + 1, dtype=torch.int32), groups, output_size=num_rows)
         weight = (expert < experts).to(torch.float32).unsqueeze(1)
         expert = expert.clamp_max(experts - 1).unsqueeze(1)
-        vllm_c_ops(load=False).cpu_fused_moe(out, rows.contiguous(), w13, w2, None, None, weight, expert, False, "silu", isa)
+        vllm_c_ops(load=False).cpu_fused_moe(out, rows.contiguous(), w13, w2, None, None, weight, expert, False,
+                                             "silu", isa)
         return out
 
     @seam_op("cpu_weighted_expert_mlp")

@@ -28,7 +28,8 @@ from typing import Any, Callable
 
 import torch
 
-from ascend_kernel.upstream import dynamo_config_patch, dynamo_recompile_limit, standalone_compile, tree_flatten, tree_unflatten
+from ascend_kernel.upstream import (dynamo_config_patch, dynamo_recompile_limit, standalone_compile, tree_flatten,
+                                    tree_unflatten)
 
 from ascend_kernel_plugins.graph.piece_wrapper import (  # noqa: F401 - MovedInputError is part of this API
     MovedInputError, PieceWrapper, check_input_addresses, input_addresses, piece_input_names)

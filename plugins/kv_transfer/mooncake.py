@@ -181,7 +181,8 @@ class KernelMooncakeConnector(MooncakeConnector):
         )
         from vllm.utils.network_utils import get_ip, make_zmq_path
 
-        explicit = connector_vllm_config(self).kv_transfer_config.get_from_extra_config("bootstrap_server_address", None)
+        transfer_config = connector_vllm_config(self).kv_transfer_config
+        explicit = transfer_config.get_from_extra_config("bootstrap_server_address", None)
         if explicit is not None:
             return explicit if "://" in explicit else f"http://{explicit}"
         _, port = get_mooncake_bootstrap_addr(connector_vllm_config(self))
