@@ -149,10 +149,14 @@ def ascend_kernel_attention_backends() -> "list[Implementation]":
     ``mla_prefill_backend_cls(selector_config, platform_default) -> type`` to
     choose vLLM's MLA prefill backend; without it the platform's is kept.
     And it may offer ``prepare_model(vllm_config) -> list[str]``, which the
-    runner calls once, before the model is built, for backends that need a
-    model-level module of their own (a module that is not a vLLM custom op
-    can only be swapped before construction, e.g. the SFA backend's lightning
-    indexer); it returns the dotted names it replaced, shown in the report.
+    runner calls once, before the model is built (registrations through
+    vLLM's own out-of-tree registry); it returns the dotted names it
+    replaced, shown in the report. A backend that needs a model-level module
+    of its own (a module that is not a vLLM custom op can only be swapped
+    before construction, e.g. the SFA backend's lightning indexer) offers
+    ``model_build_scope(vllm_config)`` instead: a context manager, entered
+    while the runner builds the model and its drafter, that yields the
+    dotted names it replaced and puts vLLM's back on exit.
 
     :return: entries for this family (may be empty).
     """

@@ -287,6 +287,18 @@ def activate(vllm_config: Any, *, configure: bool, requested: Any = None) -> Ker
 _CHANGES_KEY = "ascend_kernel_config_changes"
 
 
+def record_changes(vllm_config: Any, changes: list[ConfigChange | None], plugin: str = "platform") -> None:
+    """Record config changes the platform itself made (not a plugin's configure hook) with this process's
+    kernel and for its workers, so ``ascend-kernel explain`` and the report show them like any other."""
+    made = [ConfigChange(c.path, c.old, c.new, c.reason, c.plugin or plugin) for c in changes if c is not None]
+    if not made:
+        return
+    current().config_changes.extend(made)
+    extra = getattr(vllm_config, "additional_config", None)
+    if isinstance(extra, dict):
+        extra[_CHANGES_KEY] = [*extra.get(_CHANGES_KEY, []), *(c.as_dict() for c in made)]
+
+
 def _remember_changes(vllm_config: Any, changes: list[ConfigChange]) -> None:
     extra = getattr(vllm_config, "additional_config", None)
     if isinstance(extra, dict):

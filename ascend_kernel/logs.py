@@ -91,11 +91,13 @@ def wire_into_vllm() -> None:
 
 def _wraps(factory: Any, kind: type) -> bool:
     """Whether ``kind`` is in the chain of wrapped record factories (vLLM wraps the factory as well)."""
+    from ascend_kernel.upstream import wrapped_record_factory
+
     seen = 0
     while factory is not None and seen < 16:
         if isinstance(factory, kind):
             return True
-        factory = getattr(factory, "factory", None) or getattr(factory, "_factory", None)
+        factory = getattr(factory, "factory", None) or wrapped_record_factory(factory)
         seen += 1
     return False
 

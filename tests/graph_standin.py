@@ -195,6 +195,7 @@ class RecordingGraphDevice:
         self.updates = 0
         self._capturing: StandinGraph | None = None
         self._stream = Stream("default")
+        self.weak_refs: set[int] = set()
 
     def new_graph(self) -> StandinGraph:
         graph = StandinGraph(self)
@@ -213,7 +214,12 @@ class RecordingGraphDevice:
         return Stream(f"side-{len(self.graphs)}")
 
     def weak_ref(self, tensor: Any) -> Any:
-        return tensor  # the recorded tasks keep the memory, as the graph pool does
+        """The tensor itself: the recorded tasks keep the memory, as the graph pool does. Which tensors were
+        asked for is kept (``weak_refs``, by id), so a test can check that code holds captured memory only
+        through this seam, as it must on the device."""
+        if isinstance(tensor, torch.Tensor):
+            self.weak_refs.add(id(tensor))
+        return tensor
 
     @contextlib.contextmanager
     def graph_capture(self, graph: StandinGraph, pool: Any = None, stream: Any = None) -> Iterator[None]:

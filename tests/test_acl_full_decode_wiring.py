@@ -144,6 +144,23 @@ def test_capture_records_one_updatable_attention_task_per_layer(full_graph):
     assert all(t.seq_lens.data_ptr() == runner.builder.host_lengths.buffer.data_ptr() for t in params.tasks[graph])
 
 
+def test_tasks_hold_the_capture_memory_only_through_weak_references(full_graph, monkeypatch):
+    """Query, output and workspace of every captured layer are held as the device's weak references (the
+    graph's pool owns them); the workspace is held strongly only while its graph is being captured."""
+    from ascend_kernel_plugins.attention.ascend.graph_params import decode_graph_params
+
+    device, impl, *_ = full_graph
+    params = decode_graph_params(device, impl.ops)
+    (graph,) = device.graphs
+    for task in params.tasks[graph]:
+        query, out, workspace = task.args[0], task.args[8], task.args[9]
+        assert {id(query), id(out)} <= device.weak_refs
+        assert workspace is None or id(workspace) in device.weak_refs
+    assert all(w is None or id(w) in device.weak_refs for w in params.workspaces.values())
+    run_step(monkeypatch, full_graph, STEPS[0], torch.randn(len(STEPS[0]), HIDDEN))
+    assert params._pinned == {}, "after the capture (a replay ran) no workspace is held strongly"
+
+
 def test_replays_with_new_lengths_equal_eager_and_sdpa(full_graph, monkeypatch):
     device, _, _, model, eager, _, runner = full_graph
     gen = torch.Generator().manual_seed(2)
@@ -256,3 +273,24 @@ def test_piecewise_runs_attention_eagerly_and_issues_no_task_updates(kernel, vll
     assert len(device.graphs) == 4 and all(g.replays == len(STEPS) for g in device.graphs)
     assert not any("ascend_kernel::paged_attention_out" in g.ops() or g.groups for g in device.graphs)
     assert device.updates == 0 and replay_preparers(device) == []
+
+
+def test_a_workspace_is_held_strongly_only_while_its_graph_is_captured():
+    """Inside one capture a freed block may go to the capture's next allocation: the workspace every layer of
+    the graph shares stays pinned until that capture is over, then only the weak reference remains."""
+    from ascend_kernel_plugins.attention.ascend.graph_params import DecodeGraphParams
+
+    class WorkspaceOps:  # the one op the workspace table asks (an NPU provider sizes a real workspace there)
+        def paged_attention_workspace(self, *args):
+            return torch.empty(64)
+
+    device = RecordingGraphDevice()
+    params = DecodeGraphParams(device, WorkspaceOps())
+    q, cache, table, lens = torch.zeros(2, H, D), torch.zeros(4, BLOCK, KVH, D), torch.zeros(2, 3), torch.ones(2)
+    first = params._workspace("graph-1", q, cache, cache, table, lens, 1.0, H, KVH, q)
+    assert params._workspace("graph-1", q, cache, cache, table, lens, 1.0, H, KVH, q) is first, "shared by layers"
+    assert id(first) in device.weak_refs and [id(w) for w in params._pinned["graph-1"]] == [id(first)]
+    params._workspace("graph-2", q, cache, cache, table, lens, 1.0, H, KVH, q)
+    assert list(params._pinned) == ["graph-2"], "capturing graph-2 means graph-1's capture is over"
+    params.before_replay("graph-2", None)
+    assert params._pinned == {}

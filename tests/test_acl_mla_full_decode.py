@@ -181,6 +181,15 @@ def test_capture_records_one_updatable_mla_task_per_layer(full_graph):
     assert all(t.seq_lens.data_ptr() == runner.builder.host_lengths.buffer.data_ptr() for t in tasks)
 
 
+def test_mla_tasks_hold_query_and_output_through_weak_references(full_graph):
+    from ascend_kernel_plugins.attention.ascend.graph_params import decode_graph_params
+
+    device, impl, *_ = full_graph
+    (graph,) = device.graphs
+    for task in decode_graph_params(device, impl.ops).tasks[graph]:
+        assert {id(task.args[0]), id(task.args[-1])} <= device.weak_refs, "query and output: the pool's"
+
+
 def test_replays_with_new_lengths_equal_eager_and_softmax_oracle(full_graph, monkeypatch):
     device, _, _, model, eager, _, runner = full_graph
     gen = torch.Generator().manual_seed(2)

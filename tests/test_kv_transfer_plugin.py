@@ -52,13 +52,21 @@ def test_recurrent_state_is_refused_naming_model_and_connector():
 
 
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="the patch only acts on hosts without an accelerator")
-def test_device_index_answers_zero_only_inside():
-    from ascend_kernel_plugins.kv_transfer.mooncake import device_index_without_accelerator
+def test_device_index_and_worker_class_change_only_inside():
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector
 
-    with device_index_without_accelerator():
+    from ascend_kernel_plugins.kv_transfer.mooncake import KernelMooncakeWorker, building_kernel_worker
+
+    vllm_worker = mooncake_connector.MooncakeConnectorWorker
+    with building_kernel_worker():
         assert torch.accelerator.current_device_index() == 0
+        assert mooncake_connector.MooncakeConnectorWorker is KernelMooncakeWorker
     with pytest.raises(RuntimeError):
         torch.accelerator.current_device_index()
+    assert mooncake_connector.MooncakeConnectorWorker is vllm_worker
+    with pytest.raises(ZeroDivisionError), building_kernel_worker():
+        1 / 0
+    assert mooncake_connector.MooncakeConnectorWorker is vllm_worker, "restored on an error too"
 
 
 def test_counts_derive_blocks_and_bytes():

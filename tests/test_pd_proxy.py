@@ -52,7 +52,8 @@ class Instances:
 
     def transport(self) -> httpx.AsyncBaseTransport:
         app = Starlette(routes=[Route("/v1/completions", self.endpoint, methods=["POST"]),
-                                Route("/v1/chat/completions", self.endpoint, methods=["POST"])])
+                                Route("/v1/chat/completions", self.endpoint, methods=["POST"]),
+                                Route("/health", lambda request: Response(status_code=200), methods=["GET"])])
         return httpx.ASGITransport(app=app)
 
 
@@ -116,5 +117,6 @@ def test_errors_name_the_instance():
     dead = f"http://127.0.0.1:{free_port()}"
     with TestClient(build_app([dead], DECODE, timeout_s=5)) as client:
         answer = client.post("/v1/completions", json={"prompt": "p"})
-    assert answer.status_code == 502
-    assert answer.json()["error"]["message"].startswith(f"prefill instance {dead} failed: ConnectError")
+    assert answer.status_code == 503, "a dead instance is out of the rotation from the first health check"
+    message = answer.json()["error"]["message"]
+    assert message.startswith(f"no healthy prefill instance: {dead} (health check failed: ConnectError")

@@ -42,8 +42,61 @@ def _engine_output_to_stderr():
         os.close(saved)
 
 
+class JsonStdout:
+    """``--json``: standard output carries the JSON document and nothing else, under every executor.
+
+    From :meth:`claim` on, file descriptor 1 and ``sys.stdout`` point at
+    stderr: the engine, its child processes (which inherit fd 1) and threads
+    that outlive the engine (Ray's driver prints its workers' log lines as
+    they arrive, also after the engine is shut down) all write there. The real
+    stdout is kept aside, and :meth:`write` puts the document on it. On the
+    command line (``keep``) the redirection stays until the process exits;
+    for in-process callers of :func:`main` :meth:`write` first points fd 1
+    and ``sys.stdout`` back (their stdout may be a capture of the stream).
+    """
+
+    def __init__(self, keep: bool = True) -> None:
+        self.keep = keep
+        self.fd: int | None = None
+        self._saved_stream: Any = None
+
+    def claim(self) -> "JsonStdout":
+        sys.stdout.flush()
+        self.fd = os.dup(1)
+        os.dup2(2, 1)
+        self._saved_stream, sys.stdout = sys.stdout, sys.stderr
+        return self
+
+    def write(self, text: str) -> None:
+        if not self.keep:
+            self.release()
+        if self.fd is None:
+            print(text)
+            return
+        data = (text + "\n").encode()
+        while data:
+            data = data[os.write(self.fd, data):]
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        sys.stdout.flush()
+        os.dup2(self.fd, 1)
+        os.close(self.fd)
+        self.fd = None
+        sys.stdout = self._saved_stream
+
+
 def _emit(args: argparse.Namespace, payload: Any, text: str) -> None:
-    print(json.dumps(payload, indent=2, default=str) if args.json else text)
+    if not args.json:
+        print(text)
+        return
+    out = getattr(args, "json_stdout", None)
+    document = json.dumps(payload, indent=2, default=str)
+    if out is None:
+        print(document)
+    else:
+        out.write(document)
 
 
 # -- plugins / settings ----------------------------------------------------------
@@ -535,7 +588,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, keep_stdout: bool | None = None) -> int:
+    """The command line (``argv`` None: ``sys.argv``). With ``--json``, fd 1 stays pointed at stderr after the
+    command when run from the command line (``keep_stdout``, default: ``argv`` is None), so nothing that
+    outlives the command writes after the document; in-process callers get their stdout back."""
+    from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"]:
         from ascend_kernel.cli.serve import main as serve_main
@@ -550,6 +607,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return serve_pd_main(argv[1:])
     args = build_parser().parse_args(argv)
+    keep_redirected = keep_stdout if keep_stdout is not None else from_command_line
+    if getattr(args, "json", False):
+        args.json_stdout = JsonStdout(keep=keep_redirected).claim()
     try:
         return args.func(args)
     except (KernelError, ValueError) as exc:
@@ -559,6 +619,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ascend-kernel: error: {_one_paragraph(cause if isinstance(cause, KernelError) else exc)}",
               file=sys.stderr)
         return 2
+    finally:
+        if getattr(args, "json_stdout", None) is not None and not keep_redirected:
+            args.json_stdout.release()
 
 
 def _one_paragraph(exc: BaseException) -> str:

@@ -23,6 +23,14 @@ within the connector's abort timeout (``VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT``)
 and its error is passed on. ``GET /pd-proxy/status`` lists the instances and
 what each served.
 
+Health. The proxy asks every instance's ``GET /health`` every
+``ASCEND_KERNEL_PD_PROXY_HEALTH_INTERVAL_S``; an instance that fails a check,
+or that cannot be reached for a request, leaves its role's rotation at once
+and comes back when a later check answers 200. The proxy's own ``/health``
+answers 200 while every role has a healthy instance, else 503; both bodies
+list each instance's state and the reason it was taken out. Timeouts are
+settings (``ASCEND_KERNEL_PD_PROXY_*``).
+
 Only the HTTP stack vLLM already brings (Starlette, uvicorn, httpx).
 """
 
@@ -45,29 +53,49 @@ FORWARDED_HEADERS = ("authorization", "x-request-id")
 
 @dataclass
 class Instance:
-    """One backend server and what it served through this proxy."""
+    """One backend server, what it served through this proxy, and whether it is in the rotation."""
 
     url: str
     role: str
     requests: int = 0
     errors: int = 0
+    healthy: bool = True
+    #: why it left the rotation (None while healthy)
+    reason: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"url": self.url, "role": self.role, "requests": self.requests, "errors": self.errors}
+        return {"url": self.url, "role": self.role, "requests": self.requests, "errors": self.errors,
+                "healthy": self.healthy, "reason": self.reason}
+
+    def down(self, reason: str) -> None:
+        self.healthy, self.reason = False, reason
+
+    def up(self) -> None:
+        self.healthy, self.reason = True, None
 
 
 @dataclass
 class Pool:
-    """Round-robin over the instances of one role."""
+    """Round-robin over the healthy instances of one role."""
 
     instances: list[Instance]
     _turn: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        self._turn = itertools.cycle(self.instances)
+        self._turn = itertools.count()
 
     def next(self) -> Instance:
-        return next(self._turn)
+        """The next healthy instance (raises :class:`ProxyError` 503 naming every instance when none is)."""
+        for _ in range(len(self.instances)):
+            instance = self.instances[next(self._turn) % len(self.instances)]
+            if instance.healthy:
+                return instance
+        role = self.instances[0].role if self.instances else "?"
+        raise ProxyError(503, f"no healthy {role} instance: " + "; ".join(
+            f"{i.url} ({i.reason})" for i in self.instances))
+
+    def any_healthy(self) -> bool:
+        return any(i.healthy for i in self.instances)
 
 
 class ProxyError(Exception):
@@ -102,7 +130,7 @@ def prefill_body(body: dict[str, Any], transfer_id: str) -> dict[str, Any]:
 def _error(status: int, message: str) -> Any:
     from starlette.responses import JSONResponse
 
-    kind = "BadGateway" if status >= 500 else "BadRequestError"
+    kind = "ServiceUnavailable" if status == 503 else "BadGateway" if status >= 500 else "BadRequestError"
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
 
 
@@ -113,25 +141,71 @@ def _short(text: str, limit: int = 600) -> str:
 class PDProxy:
     """The proxy's state and request flow (one instance per app)."""
 
-    def __init__(self, prefill: Sequence[str], decode: Sequence[str], timeout_s: float, transport: Any = None) -> None:
+    def __init__(self, prefill: Sequence[str], decode: Sequence[str], timeout_s: float, transport: Any = None,
+                 *, connect_timeout_s: float = 10.0, health_interval_s: float = 5.0,
+                 health_timeout_s: float = 5.0) -> None:
         self.prefill = Pool([Instance(u, "prefill") for u in prefill])
         self.decode = Pool([Instance(u, "decode") for u in decode])
         self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.health_interval_s = health_interval_s
+        self.health_timeout_s = health_timeout_s
         self.transport = transport  # an httpx transport (tests); None: the network
         self.client: Any = None
+        self._watch: Any = None
 
     async def start(self) -> None:
+        import asyncio
+
         import httpx
 
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s, connect=10.0), trust_env=False,
-                                        transport=self.transport)
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s),
+                                        trust_env=False, transport=self.transport)
+        self._watch = asyncio.create_task(self._watch_health())
 
     async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
         if self.client is not None:
             await self.client.aclose()
 
+    def instances(self) -> list[Instance]:
+        return [*self.prefill.instances, *self.decode.instances]
+
+    async def check(self, instance: Instance) -> None:
+        """One health check: ``GET /health`` answered 200 in time puts ``instance`` in the rotation, else out."""
+        try:
+            answer = await self.client.get(instance.url + "/health", timeout=self.health_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - any failure to answer is the instance's
+            instance.down(f"health check failed: {type(exc).__name__}: {exc}")
+            return
+        if answer.status_code == 200:
+            instance.up()
+        else:
+            instance.down(f"health check answered {answer.status_code}")
+
+    async def check_all(self) -> None:
+        import asyncio
+
+        await asyncio.gather(*(self.check(i) for i in self.instances()))
+
+    async def _watch_health(self) -> None:
+        import asyncio
+        import logging
+
+        while True:
+            try:
+                await self.check_all()
+            except Exception:  # noqa: BLE001 - the watch outlives a bad round
+                logging.getLogger("ascend_kernel").exception("pd-proxy: health round failed")
+            await asyncio.sleep(self.health_interval_s)
+
+    def healthy(self) -> bool:
+        """Every role has an instance in the rotation."""
+        return self.prefill.any_healthy() and self.decode.any_healthy()
+
     def status(self) -> dict[str, Any]:
-        return {"prefill": [i.as_dict() for i in self.prefill.instances],
+        return {"healthy": self.healthy(), "prefill": [i.as_dict() for i in self.prefill.instances],
                 "decode": [i.as_dict() for i in self.decode.instances]}
 
     async def run_prefill(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
@@ -145,12 +219,19 @@ class PDProxy:
                                             headers=headers)
         except httpx.HTTPError as exc:
             instance.errors += 1
+            _unreachable(instance, exc)
             raise ProxyError(502, f"prefill instance {instance.url} failed: {type(exc).__name__}: {exc}") from exc
         if answer.status_code != 200:
             instance.errors += 1
             raise ProxyError(answer.status_code if answer.status_code < 500 else 502,
                              f"prefill instance {instance.url} answered {answer.status_code}: {_short(answer.text)}")
-        params = answer.json().get("kv_transfer_params")
+        try:
+            document = answer.json()
+        except ValueError as exc:
+            instance.errors += 1
+            raise ProxyError(502, f"prefill instance {instance.url} answered 200 with no JSON "
+                                  f"({exc}): {_short(answer.text)}") from exc
+        params = document.get("kv_transfer_params") if isinstance(document, dict) else None
         if not params:
             instance.errors += 1
             raise ProxyError(502, f"prefill instance {instance.url} answered without kv_transfer_params "
@@ -171,9 +252,9 @@ class PDProxy:
         headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS}
         try:
             params = await self.run_prefill(path, body, headers)
+            instance = self.decode.next()
         except ProxyError as exc:
             return _error(exc.status, str(exc))
-        instance = self.decode.next()
         instance.requests += 1
         upstream = self.client.build_request("POST", instance.url + path, json={**body, "kv_transfer_params": params},
                                              headers=headers)
@@ -181,6 +262,7 @@ class PDProxy:
             answer = await self.client.send(upstream, stream=True)
         except httpx.HTTPError as exc:
             instance.errors += 1
+            _unreachable(instance, exc)
             return _error(502, f"decode instance {instance.url} failed: {type(exc).__name__}: {exc}")
         if answer.status_code != 200:
             instance.errors += 1
@@ -193,19 +275,40 @@ class PDProxy:
                                  background=BackgroundTask(answer.aclose))
 
 
-def build_app(prefill: Sequence[str], decode: Sequence[str], timeout_s: float = 600.0, transport: Any = None) -> Any:
-    """The proxy's ASGI app (Starlette, under vLLM's FastAPI); ``transport`` replaces the network (tests)."""
+def _unreachable(instance: Instance, exc: Exception) -> None:
+    """A request could not reach ``instance`` (no connection): out of the rotation until a health check passes."""
+    import httpx
+
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)):
+        instance.down(f"unreachable for a request: {type(exc).__name__}: {exc}")
+
+
+def build_app(prefill: Sequence[str], decode: Sequence[str], timeout_s: float | None = None,
+              transport: Any = None, settings: Any = None) -> Any:
+    """The proxy's ASGI app (Starlette, under vLLM's FastAPI); ``transport`` replaces the network (tests).
+
+    Timeouts and the health interval come from ``settings`` (the kernel's,
+    read from the environment when None); ``timeout_s`` overrides the request timeout.
+    """
     import contextlib
 
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
-    proxy = PDProxy(prefill, decode, timeout_s, transport)
+    if settings is None:
+        from ascend_kernel.settings import load_settings
+
+        settings = load_settings()
+    proxy = PDProxy(prefill, decode, timeout_s if timeout_s is not None else settings.pd_proxy_timeout_s, transport,
+                    connect_timeout_s=settings.pd_proxy_connect_timeout_s,
+                    health_interval_s=settings.pd_proxy_health_interval_s,
+                    health_timeout_s=settings.pd_proxy_health_timeout_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any):
         await proxy.start()
+        await proxy.check_all()  # the rotation starts from what the instances answer now
         yield
         await proxy.close()
 
@@ -216,16 +319,24 @@ def build_app(prefill: Sequence[str], decode: Sequence[str], timeout_s: float = 
         return await proxy.handle(request, "/v1/chat/completions")
 
     async def models(request: Any) -> Any:
-        instance = proxy.decode.instances[0]
+        import httpx
+
+        try:
+            instance = proxy.decode.next()
+        except ProxyError as exc:
+            return _error(exc.status, str(exc))
         headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS}
         try:
             answer = await proxy.client.get(instance.url + "/v1/models", headers=headers)
-        except Exception as exc:  # noqa: BLE001 - any transport failure is the instance's
-            return _error(502, f"decode instance {instance.url} failed: {exc}")
+        except httpx.HTTPError as exc:
+            _unreachable(instance, exc)
+            return _error(502, f"decode instance {instance.url} failed: {type(exc).__name__}: {exc}")
         return Response(answer.content, status_code=answer.status_code, media_type="application/json")
 
     async def health(request: Any) -> Any:
-        return Response(status_code=200)
+        """200 while every role has a healthy instance, else 503; the body lists every instance's state."""
+        status = proxy.status()
+        return JSONResponse(status, status_code=200 if status["healthy"] else 503)
 
     async def status(request: Any) -> Any:
         return JSONResponse(proxy.status())
@@ -252,12 +363,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a kv_producer instance, http://HOST:PORT (repeatable)")
     parser.add_argument("--decode", action="append", type=normalize_url, required=True, metavar="URL",
                         help="a kv_consumer instance, http://HOST:PORT (repeatable)")
-    parser.add_argument("--timeout", type=float, default=600.0,
-                        help="seconds an instance may take to answer (default %(default)s)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds an instance may take to answer (default: ASCEND_KERNEL_PD_PROXY_TIMEOUT_S, 600)")
     return parser
 
 
-def serve_proxy(prefill: Sequence[str], decode: Sequence[str], host: str, port: int, timeout_s: float) -> None:
+def serve_proxy(prefill: Sequence[str], decode: Sequence[str], host: str, port: int,
+                timeout_s: float | None = None) -> None:
     """Run the proxy until interrupted (blocks)."""
     import uvicorn
 

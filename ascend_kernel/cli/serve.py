@@ -57,7 +57,9 @@ def _check_kv_transfer_flag(parser: Any) -> None:
     """
     from ascend_kernel_plugins.kv_transfer.config_check import check_kv_transfer_config
 
-    action = next(a for a in parser._actions if a.dest == "kv_transfer_config")
+    from ascend_kernel.upstream import parser_action
+
+    action = parser_action(parser, "kv_transfer_config")
     convert = action.type
 
     def checked(text: str) -> Any:

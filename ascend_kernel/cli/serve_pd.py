@@ -145,7 +145,7 @@ def main(argv: Sequence[str]) -> int:
         signal.signal(signal.SIGTERM, previous)
         prefill = [s.base_url for s in servers[:args.prefill]]
         decode = [s.base_url for s in servers[args.prefill:]]
-        serve_proxy(prefill, decode, args.host, args.port, timeout_s=600.0)
+        serve_proxy(prefill, decode, args.host, args.port)  # timeouts: the ASCEND_KERNEL_PD_PROXY_* settings
     except KeyboardInterrupt:
         pass
     except (RuntimeError, TimeoutError) as exc:  # an instance died or hung at start-up: its log tail is in exc

@@ -30,7 +30,7 @@ from typing import Any
 
 REPORT_PATH = "/ascend-kernel/report"
 MIDDLEWARE = "ascend_kernel.cli.serving.KernelReportMiddleware"
-RPC_TIMEOUT_S = 60.0
+RPC_TIMEOUT_S = 60.0  # the default of ASCEND_KERNEL_REPORT_RPC_TIMEOUT_S (the setting is what the route uses)
 
 
 def _json(status: int, payload: Any) -> Any:
@@ -59,10 +59,39 @@ async def worker_reports(engine_client: Any) -> list[dict[str, Any]]:
     """
     core = getattr(engine_client, "engine_core", None)
     call_all = getattr(core, "call_utility_all_async", None)
+    from ascend_kernel.settings import load_settings
+
+    timeout = load_settings().report_rpc_timeout_s
     if call_all is None or len(getattr(core, "core_engines", ())) < 2:
-        return list(await engine_client.collective_rpc("ascend_kernel_report", timeout=RPC_TIMEOUT_S))
-    per_engine = await call_all("collective_rpc", "ascend_kernel_report", RPC_TIMEOUT_S, (), None)
+        return list(await engine_client.collective_rpc("ascend_kernel_report", timeout=timeout))
+    per_engine = await call_all("collective_rpc", "ascend_kernel_report", timeout, (), None)
     return [report for engine in per_engine for report in engine]
+
+
+def kernel_not_active(exc: BaseException) -> bool:
+    """True when ``exc`` says the workers have no ``ascend_kernel_report`` (stock vLLM workers), and only then."""
+    from ascend_kernel.upstream import missing_worker_method
+
+    return missing_worker_method("ascend_kernel_report") in str(exc)
+
+
+async def report_response(engine_client: Any) -> Any:
+    """The report route's answer: 200 with the report; 404 only when the engine's workers are not the
+    kernel's; 500 naming what failed otherwise (a worker that raised, a timeout, a report that cannot merge)."""
+    from ascend_kernel.cli.engine import merge_worker_reports
+
+    try:
+        reports = await worker_reports(engine_client)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a JSON answer that says what it was
+        if kernel_not_active(exc):
+            return _json(404, {"error": "ascend-kernel is not active in this server's engine "
+                                        f"(its workers have no ascend_kernel_report: {exc})"})
+        return _json(500, {"error": f"the kernel's report failed: {type(exc).__name__}: {exc}"})
+    try:
+        merged = merge_worker_reports(reports)
+    except Exception as exc:  # noqa: BLE001
+        return _json(500, {"error": f"the workers' reports could not be merged: {type(exc).__name__}: {exc}"})
+    return _json(200, merged)
 
 
 class KernelReportMiddleware:
@@ -105,14 +134,7 @@ class KernelReportMiddleware:
         engine_client = getattr(state, "engine_client", None)
         if engine_client is None:
             return _json(503, {"error": "the server has no engine yet"})
-        try:
-            reports = await worker_reports(engine_client)
-        except Exception as exc:  # noqa: BLE001 - stock workers have no such method; say so, as JSON
-            return _json(404, {"error": "ascend-kernel is not active in this server's engine "
-                                        f"(its workers did not answer ascend_kernel_report: {exc})"})
-        from ascend_kernel.cli.engine import merge_worker_reports
-
-        return _json(200, merge_worker_reports(reports))
+        return await report_response(engine_client)
 
     def _token_verifier(self, args: Any) -> Any:
         if not self._tokens_read:

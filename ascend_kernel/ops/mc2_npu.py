@@ -25,7 +25,9 @@ class NpuMC2Handle:
 
 def hccl_comm_name(group: Any, rank: int) -> str:
     """The HCCL communicator name the MC2 kernels address a process group by."""
-    return group._get_backend(torch.device("npu")).get_hccl_comm_name(rank)
+    from ascend_kernel.upstream import process_group_backend
+
+    return process_group_backend(group, torch.device("npu")).get_hccl_comm_name(rank)
 
 
 class TorchNpuMC2Ops:

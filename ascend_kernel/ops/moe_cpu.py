@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from ascend_kernel.ops.opaque import provider_handle, seam_op
+from ascend_kernel.upstream import cpu_has_amx_tiles, vllm_c_ops
 
 #: the kernel's row alignment for hidden and intermediate sizes (vLLM's ``output_alignment``)
 ALIGN = 32
@@ -37,10 +38,10 @@ ISA_AMX_DTYPES = (torch.bfloat16,)
 
 def _kernel_available() -> bool:
     try:
-        import vllm._custom_ops  # noqa: F401 - loads the _C library that defines the ops
+        ops = vllm_c_ops()  # loads the _C library that defines the ops
     except Exception:  # noqa: BLE001 - no vLLM-CPU build here
         return False
-    return hasattr(torch.ops._C, "cpu_fused_moe") and hasattr(torch.ops._C, "prepack_moe_weight")
+    return hasattr(ops, "cpu_fused_moe") and hasattr(ops, "prepack_moe_weight")
 
 
 def unserved_reason(w13: torch.Tensor, w2: torch.Tensor) -> str | None:
@@ -58,13 +59,12 @@ def unserved_reason(w13: torch.Tensor, w2: torch.Tensor) -> str | None:
 
 def _isa(dtype: torch.dtype) -> str:
     """vLLM's choice: AMX tiles for bf16 where the CPU has them, else the portable vector kernel."""
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-    return "amx" if amx and dtype in ISA_AMX_DTYPES else "vec"
+    return "amx" if cpu_has_amx_tiles() and dtype in ISA_AMX_DTYPES else "vec"
 
 
 def _prepack(weight: torch.Tensor, isa: str) -> torch.Tensor:
     out = torch.empty_like(weight)
-    torch.ops._C.prepack_moe_weight(weight.contiguous(), out, isa)
+    vllm_c_ops(load=False).prepack_moe_weight(weight.contiguous(), out, isa)
     return out
 
 
@@ -101,7 +101,8 @@ class CpuFusedMoEOps:
         expert = torch.repeat_interleave(torch.arange(experts + 1, dtype=torch.int32), groups, output_size=num_rows)
         weight = (expert < experts).to(torch.float32).unsqueeze(1)
         expert = expert.clamp_max(experts - 1).unsqueeze(1)
-        torch.ops._C.cpu_fused_moe(out, rows.contiguous(), w13, w2, None, None, weight, expert, False, "silu", isa)
+        vllm_c_ops(load=False).cpu_fused_moe(out, rows.contiguous(), w13, w2, None, None, weight, expert, False,
+                                             "silu", isa)
         return out
 
     @seam_op("cpu_weighted_expert_mlp")
@@ -111,7 +112,7 @@ class CpuFusedMoEOps:
         out = torch.empty_like(x)
         if x.shape[0] == 0:
             return out
-        torch.ops._C.cpu_fused_moe(out, x.contiguous(), w13, w2, None, None, topk_weights.to(torch.float32),
+        vllm_c_ops(load=False).cpu_fused_moe(out, x.contiguous(), w13, w2, None, None, topk_weights.to(torch.float32),
                                    topk_ids.to(torch.int32), False, "silu", isa)
         return out
 

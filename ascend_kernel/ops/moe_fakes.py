@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from ascend_kernel.ops.opaque import define_op
-
 
 def _gating(router_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     shape = (router_logits.shape[0], k)
@@ -63,7 +61,6 @@ _OPS = {
                                 "-> Tensor", _weighted_mlp),
 }
 
-
-def define_all() -> None:
-    for name, (schema, fake) in _OPS.items():
-        define_op(name, schema, fake)
+#: the seam's MoE ops by name: (schema after the provider handle, fake); :func:`ascend_kernel.ops.opaque.seam_op`
+#: defines them (this module imports nothing of the kernel, so the two never import each other)
+SCHEMAS = _OPS

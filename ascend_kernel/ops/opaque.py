@@ -32,7 +32,10 @@ from typing import Any, Callable
 import torch
 from torch.compiler import is_compiling
 
-_dispatch_modes = torch._C._len_torch_dispatch_stack  # > 0 while a TorchDispatchMode is active
+from ascend_kernel.ops import moe_fakes
+from ascend_kernel.upstream import dispatch_mode_depth
+
+_dispatch_modes = dispatch_mode_depth  # > 0 while a TorchDispatchMode is active
 _LIB = torch.library.Library("ascend_kernel", "FRAGMENT")  # noqa: TOR901 - a namespace of our own
 _PROVIDERS: dict[str, Any] = {}
 _DEFINED: set[str] = set()
@@ -108,9 +111,8 @@ def seam_op(name: str, schema: str | None = None,
     own by giving the schema (arguments after the handle) and the fake.
     """
     if schema is None:
-        from ascend_kernel.ops import moe_fakes
-
-        moe_fakes.define_all()
+        for known, (known_schema, known_fake) in moe_fakes.SCHEMAS.items():
+            define_op(known, known_schema, known_fake)
     else:
         assert fake is not None, f"op {name} needs a fake implementation"
         define_op(name, schema, fake)

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from ascend_kernel import kernel as kernel_mod
+from ascend_kernel.config_changes import change
 from ascend_kernel.logs import wire_into_vllm
 from ascend_kernel.runner.kernel_runner import LIVE as _LIVE
 
@@ -26,9 +27,12 @@ class KernelPlatformMixin:
         requested = SimpleNamespace(scheduler_config=copy.copy(vllm_config.scheduler_config),
                                     cache_config=copy.copy(vllm_config.cache_config))
         base(vllm_config)
+        worker = None
         if parallel.worker_cls in cls.replaced_worker_cls:
-            parallel.worker_cls = cls.kernel_worker_cls
+            worker = change(vllm_config, "parallel_config.worker_cls", cls.kernel_worker_cls,
+                            "the kernel's worker builds the kernel's runner")
         kernel = kernel_mod.activate(vllm_config, configure=True, requested=requested)
+        kernel_mod.record_changes(vllm_config, [worker])
         kernel.resolve(vllm_config)
 
     @classmethod

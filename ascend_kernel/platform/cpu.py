@@ -11,6 +11,8 @@ from typing import Any
 
 from vllm.platforms.cpu import CpuPlatform
 
+from ascend_kernel import kernel as kernel_mod
+from ascend_kernel.config_changes import change
 from ascend_kernel.platform.common import KernelPlatformMixin
 
 
@@ -31,10 +33,12 @@ class KernelCpuPlatform(KernelPlatformMixin, CpuPlatform):
         cls.kernel_check_and_update_config(vllm_config, super().check_and_update_config)
         parallel = vllm_config.parallel_config
         if parallel.distributed_executor_backend == "ray":
-            # vLLM's own Ray executor cannot start CPU workers (ray_executor.py says why); this subclass can
             from ascend_kernel.platform.ray_executor import KernelCpuRayExecutor
 
-            parallel.distributed_executor_backend = KernelCpuRayExecutor
+            kernel_mod.record_changes(vllm_config, [change(
+                vllm_config, "parallel_config.distributed_executor_backend", KernelCpuRayExecutor,
+                "vLLM's own Ray executor cannot start CPU workers (ascend_kernel/platform/ray_executor.py says why); "
+                "this subclass can")])
 
     @classmethod
     def get_attn_backend_cls(cls, selected_backend: Any, attn_selector_config: Any,

@@ -32,9 +32,8 @@ starts once per engine, in one thread) and puts it back.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from typing import Any, Iterator
+from typing import Any
 
 import ray
 from vllm.v1.executor import ray_executor_v2
@@ -51,14 +50,11 @@ class KernelCpuRayWorkerProc(RayWorkerProc):
         return ray.get_runtime_context().get_node_id(), []
 
 
-@contextlib.contextmanager
-def _worker_class(cls: type[RayWorkerProc]) -> Iterator[None]:
-    original = ray_executor_v2.RayWorkerProc
-    ray_executor_v2.RayWorkerProc = cls
-    try:
-        yield
-    finally:
-        ray_executor_v2.RayWorkerProc = original
+def _worker_class(cls: type[RayWorkerProc]) -> Any:
+    """vLLM's executor module builds ``cls`` as its worker actor inside the block (its own class again after)."""
+    from ascend_kernel.scoped import attributes_swapped
+
+    return attributes_swapped((ray_executor_v2, "RayWorkerProc", cls))
 
 
 class KernelCpuRayExecutor(RayExecutorV2):

@@ -10,9 +10,10 @@ the step calls plain methods on the plan's objects (no pluggy in the loop).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -102,6 +103,10 @@ def attn_modules_per_layer(layer_names: Any) -> int:
 
 class KernelRunnerMixin:
     """Routes the runner's feature seams through the kernel's plan."""
+
+    #: vLLM's own methods the step wraps, found once per runner class (:meth:`__init_subclass__`)
+    _vllm_prepare_inputs: Callable[..., Any]
+    _vllm_sample: Callable[..., Any]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Resolve once, per concrete runner class, the vLLM methods the step wraps.
@@ -305,8 +310,15 @@ class KernelRunnerMixin:
         return caches
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        """vLLM's loading, then the graph mode's wrapping of the whole model (full-graph capture), if it has one."""
-        super().load_model(*args, **kwargs)  # type: ignore[misc]
+        """vLLM's loading (inside each chosen object's ``model_build_scope``: module swaps that last only while
+        the model and its drafter are built), then the graph mode's wrapping of the whole model, if it has one."""
+        with contextlib.ExitStack() as scopes:
+            for chosen in self.kernel_plan.objects():
+                scope = getattr(chosen, "model_build_scope", None)
+                if scope is not None:
+                    self.kernel_model_patches.extend(
+                        n for n in scopes.enter_context(scope(self.vllm_config)) if n not in self.kernel_model_patches)
+            super().load_model(*args, **kwargs)  # type: ignore[misc]
         wrap_model = getattr(self.kernel_plan.graph, "wrap_model", None)
         if wrap_model is not None:
             self.model = wrap_model(self.model, self.vllm_config)

@@ -8,6 +8,7 @@ further entries of this family.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 from ascend_kernel_plugins.kv_cache.mla import is_sparse_model
@@ -92,13 +93,14 @@ class AscendBackendProvider:
         _register("ASCEND_MLA", ASCEND_MLA_BACKEND_PATH)
         _register("ASCEND_SFA", ASCEND_SFA_BACKEND_PATH)
 
-    def prepare_model(self, vllm_config: Any) -> list[str]:
-        """Sparse models: vLLM's V3.2 indexer module is GPU-only, so swap in the seam-backed one."""
+    def model_build_scope(self, vllm_config: Any) -> Any:
+        """Sparse models: vLLM's V3.2 indexer module is GPU-only, so the seam-backed one is built instead, while
+        the runner builds its model (vLLM's module names are restored after)."""
         if not is_sparse_model(vllm_config):
-            return []
+            return contextlib.nullcontext([])
         from ascend_kernel_plugins.attention.ascend import sfa_indexer
 
-        return sfa_indexer.install()
+        return sfa_indexer.swapped()
 
     def backend_class_path(self, selected_backend: Any, selector_config: Any, num_heads: int | None,
                            platform_default: Callable[[], str]) -> str:

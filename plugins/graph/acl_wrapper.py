@@ -34,7 +34,8 @@ import weakref
 from contextlib import ExitStack
 from typing import Any, Callable
 
-from torch.utils._pytree import tree_map
+
+from ascend_kernel.upstream import tree_map
 
 from ascend_kernel_plugins.graph.capture_session import forget_graph, full_capture, prepare_replay
 from ascend_kernel_plugins.graph.piece_wrapper import (MovedInputError, PieceWrapper, check_input_addresses,

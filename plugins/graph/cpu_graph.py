@@ -90,6 +90,7 @@ class CpuGraphMode:
         """
         from vllm.compilation.monitor import set_cudagraph_capturing_enabled
 
+        from ascend_kernel.upstream import capture_cudagraphs
         from ascend_kernel_plugins.graph.static_wrapper import BOOK
 
         resolved = runner.compilation_config.cudagraph_mode
@@ -104,7 +105,7 @@ class CpuGraphMode:
         set_cudagraph_capturing_enabled(True)
         try:
             for runtime_mode, descriptors in runner.cudagraph_dispatcher.get_capture_descs():
-                runner._capture_cudagraphs(descriptors, cudagraph_runtime_mode=runtime_mode)
+                capture_cudagraphs(runner, descriptors, runtime_mode)
         finally:
             set_cudagraph_capturing_enabled(False)
         self.capture_s = time.perf_counter() - started

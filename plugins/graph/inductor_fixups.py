@@ -51,7 +51,7 @@ def compilation_fixups(vllm_config: Any) -> list[ConfigChange]:
 @contextlib.contextmanager
 def kernel_inductor_options() -> Iterator[None]:
     """Inductor's config with :data:`OVERRIDES`, around a compile the kernel runs itself (cpu-graph artifacts)."""
-    import torch._inductor.config as inductor_config
+    from ascend_kernel.upstream import inductor_config
 
-    with inductor_config.patch(OVERRIDES):
+    with inductor_config().patch(OVERRIDES):
         yield

@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ascend_kernel.upstream import (dynamo_config_patch, dynamo_recompile_limit, standalone_compile, tree_flatten,
+                                    tree_unflatten)
 
 from ascend_kernel_plugins.graph.piece_wrapper import (  # noqa: F401 - MovedInputError is part of this API
     MovedInputError, PieceWrapper, check_input_addresses, input_addresses, piece_input_names)
@@ -139,12 +141,10 @@ def _compile_static(target: Callable[..., Any], args: tuple[Any, ...], kwargs: d
     """
     if isinstance(target, torch.fx.GraphModule) and not kwargs:
         if backend == "inductor":
-            from torch._inductor import standalone_compile
-
             from ascend_kernel_plugins.graph.inductor_fixups import kernel_inductor_options
 
             with kernel_inductor_options():
-                return standalone_compile(target, list(args), dynamic_shapes="from_example_inputs")
+                return standalone_compile()(target, list(args), dynamic_shapes="from_example_inputs")
         return torch.compile(target, backend=backend, dynamic=False)
     if isinstance(target, torch.nn.Module):  # the whole model (full_decode_only): its graph, called without Dynamo
         from ascend_kernel_plugins.graph.whole_model import compile_whole_model
@@ -190,16 +190,16 @@ class StaticShapeWrapper(PieceWrapper):
 
         validate_cudagraph_capturing_enabled()
         started = time.perf_counter()
-        # one artifact per size of the same piece: Dynamo keeps them as entries of one code object
-        limits = torch._dynamo.config
-        limits.recompile_limit = max(limits.recompile_limit, len(self.entries) + 8)
         if not isinstance(self._target, torch.fx.GraphModule):
             # one plain pass first: layers that finish their set-up on their first call (vLLM's MoE quant
             # config) must do it before the trace, not inside it
             self.runnable(*args, **kwargs)
-        compiled = _compile_static(self._target, args, kwargs, self.book.backend)
-        shaped = self._shaped
-        result = shaped(compiled(*args, **kwargs))
+        # one artifact per size of the same piece: Dynamo keeps them as entries of one code object, so its
+        # recompile limit is raised for this compile only (restored after: the process's limit is not ours)
+        with dynamo_config_patch(recompile_limit=max(dynamo_recompile_limit(), len(self.entries) + 8)):
+            compiled = _compile_static(self._target, args, kwargs, self.book.backend)
+            shaped = self._shaped
+            result = shaped(compiled(*args, **kwargs))
 
         def artifact(*a: Any, **kw: Any) -> Any:
             return shaped(compiled(*a, **kw))

@@ -24,10 +24,12 @@ state the trace read is baked in: a replay never re-runs the model's Python.
 from __future__ import annotations
 
 import itertools
+import types
 from typing import Any, Callable
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ascend_kernel.upstream import dynamo_reached_from_self, standalone_compile, tree_flatten, tree_unflatten
 
 
 class WholeModelCaptureError(RuntimeError):
@@ -70,11 +72,23 @@ def _owned_tensors(model: torch.nn.Module) -> set[int]:
 
 def _reached_from_model(node: torch.fx.Node) -> bool:
     """Dynamo found this input through the model object (an attribute chain from ``self``, closures included)."""
-    grapharg = node.meta.get("grapharg")
-    source = getattr(grapharg, "source", None)
-    if source is not None:
-        return source.name().startswith("L['self']")
-    return node.name.startswith("l_self_")
+    return dynamo_reached_from_self(node)
+
+
+_ENTRIES = itertools.count()
+
+
+def _fresh_entry() -> Callable[..., Any]:
+    """``entry(self, *args, **kwargs) -> self(*args, **kwargs)`` with a code object no other function has.
+
+    The first argument is named ``self``, so Dynamo's sources for the model's
+    tensors read ``L['self']...`` as when it traces a module's forward.
+    """
+    def entry(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return self(*args, **kwargs)
+
+    code = entry.__code__.replace(co_name=f"whole_model_capture_{next(_ENTRIES)}")
+    return types.FunctionType(code, entry.__globals__, code.co_name)
 
 
 def _call_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
@@ -95,8 +109,10 @@ def compile_whole_model(model: torch.nn.Module, args: tuple[Any, ...], kwargs: d
                         backend: str) -> Callable[..., Any]:
     """Trace ``model`` at these inputs, compile the graph for their shapes, return ``replay(*args, **kwargs)``."""
     catcher = _GraphCatcher()
-    torch._dynamo.reset_code(type(model).forward.__code__)  # a fresh trace for this shape, not a cached entry
-    result = torch.compile(model, backend=catcher, dynamic=False, fullgraph=True)(*args, **kwargs)
+    # a fresh trace for this shape: Dynamo caches on the traced frame's code object, so the trace starts in a
+    # function whose code object is its own (dropped with it), never on the model class's forward, which every
+    # instance of the class shares (a drafter of the same class included)
+    result = torch.compile(_fresh_entry(), backend=catcher, dynamic=False, fullgraph=True)(model, *args, **kwargs)
     if len(catcher.graphs) != 1:
         raise WholeModelCaptureError(f"tracing {type(model).__name__} gave {len(catcher.graphs)} graphs, not one")
     gm, inputs = catcher.graphs[0]
@@ -129,12 +145,10 @@ def compile_whole_model(model: torch.nn.Module, args: tuple[Any, ...], kwargs: d
         else:
             picks.append(("constant", value))
     if backend == "inductor":
-        from torch._inductor import standalone_compile
-
         from ascend_kernel_plugins.graph.inductor_fixups import kernel_inductor_options
 
         with kernel_inductor_options():
-            compiled = standalone_compile(gm, inputs, dynamic_shapes="from_example_inputs")
+            compiled = standalone_compile()(gm, inputs, dynamic_shapes="from_example_inputs")
     else:
         compiled = torch.compile(gm, backend=backend, dynamic=False)
     n_call = len(call_tensors)

@@ -65,9 +65,9 @@ def _words(values: Any) -> str:
 
 
 def _known_connectors() -> list[str]:
-    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from ascend_kernel.upstream import kv_connector_names
 
-    return sorted(KVConnectorFactory._registry)
+    return kv_connector_names()
 
 
 def _config_fields() -> list[str]:

@@ -8,8 +8,9 @@ that changes nothing in how pages move:
   ``torch.accelerator.current_device_index()`` before it starts the transfer
   engine, and torch's CPU build raises there (no accelerator). The worker is
   built with that one call answering 0 (the CPU platform's only device; its
-  ``set_device`` is a no-op) and the call is restored right after. Where an
-  accelerator exists nothing is patched.
+  ``set_device`` is a no-op) and the call is restored right after
+  (:func:`ascend_kernel.scoped.attributes_swapped`: one scoped swap at a time
+  in the process). Where an accelerator exists nothing is patched.
 * **The producer says where its pages are.** vLLM's producer finishes a
   request with no ``kv_transfer_params``, so a proxy would have to learn the
   producer's engine id and bootstrap address some other way. Here a request
@@ -18,9 +19,10 @@ that changes nothing in how pages move:
   parameters a consumer needs (``do_remote_prefill``, ``remote_engine_id``,
   ``remote_bootstrap_addr``, ``transfer_id``), so ``ascend-kernel pd-proxy``
   forwards the prefill's answer, as with vLLM's NIXL connector.
-* **Counted transfers.** The worker object becomes a
-  :class:`KernelMooncakeWorker` (same state, a few methods wrapped) so each
-  worker keeps running totals of pages sent and received
+* **Counted transfers.** vLLM's connector builds its worker as a
+  :class:`KernelMooncakeWorker` (vLLM's worker with a few methods wrapped:
+  its module's worker class is the subclass while this connector is built,
+  and vLLM's again after) so each worker keeps running totals of pages sent and received
   (:class:`~ascend_kernel_plugins.kv_transfer.counts.TransferCounts`), which
   the worker's report RPC reads through :meth:`KernelMooncakeConnector.describe_transfer`.
 * **A bounded pull** (``ASCEND_KERNEL_KV_TRANSFER_PULL_TIMEOUT_S``). vLLM's
@@ -45,6 +47,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector im
     MooncakeConnectorWorker,
 )
 
+from ascend_kernel.scoped import attributes_swapped
+from ascend_kernel.upstream import connector_vllm_config, mooncake_blocks_per_logical_block
 from ascend_kernel_plugins.kv_transfer.counts import TransferCounts
 
 #: what ``kv_transfer_config`` names after the fix-up
@@ -52,23 +56,26 @@ CONNECTOR_CLASS = "KernelMooncakeConnector"
 CONNECTOR_MODULE = __name__
 
 
+def _device_index_zero() -> int:
+    return 0
+
+
 @contextlib.contextmanager
-def device_index_without_accelerator() -> Iterator[None]:
-    """``torch.accelerator.current_device_index()`` answers 0 inside, when torch sees no accelerator."""
-    accelerator = torch.accelerator
-    if accelerator.is_available():
+def building_kernel_worker() -> Iterator[None]:
+    """Inside: vLLM's connector builds a :class:`KernelMooncakeWorker`, and, when torch sees no accelerator,
+    ``torch.accelerator.current_device_index()`` answers 0. Both are vLLM's / torch's again after."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector
+
+    swaps: list[tuple[Any, str, Any]] = [(mooncake_connector, "MooncakeConnectorWorker", KernelMooncakeWorker)]
+    if not torch.accelerator.is_available():
+        swaps.append((torch.accelerator, "current_device_index", _device_index_zero))
+    with attributes_swapped(*swaps):
         yield
-        return
-    original = accelerator.current_device_index
-    accelerator.current_device_index = lambda: 0  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        accelerator.current_device_index = original  # type: ignore[assignment]
 
 
 class KernelMooncakeWorker(MooncakeConnectorWorker):
-    """vLLM's Mooncake worker with running totals and a bounded pull; installed over a built worker (no constructor).
+    """vLLM's Mooncake worker with running totals and a bounded pull (built by vLLM's connector, see
+    :func:`building_kernel_worker`).
 
     * producer: every successful ``batch_transfer_sync_write`` adds its bytes;
     * consumer: a request whose pull completes adds its local blocks (the
@@ -82,11 +89,15 @@ class KernelMooncakeWorker(MooncakeConnectorWorker):
     #: seconds one pull may wait for a producer worker (None: vLLM's own socket timeout)
     kernel_pull_timeout_s: float | None = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.kernel_counts = TransferCounts()
+        super().__init__(*args, **kwargs)
+
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         super().register_kv_caches(kv_caches)
         # one logical block = its kernel blocks in every registered region
         self.kernel_counts.bytes_per_block = (sum(self.kv_block_len_per_layer)
-                                              * self._physical_blocks_per_logical_kv_block)
+                                              * mooncake_blocks_per_logical_block(self))
 
     def _send_blocks(self, remote_session: str, src_ptrs: list[int], dst_ptrs: list[int],
                      lengths: list[int]) -> int:
@@ -131,14 +142,12 @@ class KernelMooncakeConnector(MooncakeConnector):
     """vLLM's ``MooncakeConnector``, built so it runs on the kernel's CPU platform and counts what it moves."""
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
-        with device_index_without_accelerator():
+        with building_kernel_worker():
             super().__init__(vllm_config, role, kv_cache_config)
         worker = self.connector_worker
         if worker is not None:
             from ascend_kernel.settings import load_settings
 
-            worker.__class__ = KernelMooncakeWorker
-            worker.kernel_counts = TransferCounts()
             worker.kernel_pull_timeout_s = load_settings(
                 getattr(vllm_config, "additional_config", None)).kv_transfer_pull_timeout_s
 
@@ -172,15 +181,16 @@ class KernelMooncakeConnector(MooncakeConnector):
         )
         from vllm.utils.network_utils import get_ip, make_zmq_path
 
-        explicit = self._vllm_config.kv_transfer_config.get_from_extra_config("bootstrap_server_address", None)
+        transfer_config = connector_vllm_config(self).kv_transfer_config
+        explicit = transfer_config.get_from_extra_config("bootstrap_server_address", None)
         if explicit is not None:
             return explicit if "://" in explicit else f"http://{explicit}"
-        _, port = get_mooncake_bootstrap_addr(self._vllm_config)
+        _, port = get_mooncake_bootstrap_addr(connector_vllm_config(self))
         return make_zmq_path("http", get_ip(), port)
 
     def describe_transfer(self) -> dict[str, Any]:
         """This worker's transfer totals (the report's ``kv_transfer``)."""
         worker = self.connector_worker
         counts = worker.kernel_counts.as_dict() if worker is not None else {}
-        role = self._vllm_config.kv_transfer_config.kv_role
+        role = connector_vllm_config(self).kv_transfer_config.kv_role
         return {"connector": "MooncakeConnector", "kv_role": role, **counts}

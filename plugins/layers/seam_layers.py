@@ -24,6 +24,7 @@ from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 from ascend_kernel import kernel as kernel_mod
 from ascend_kernel.ops import get_ops
 from ascend_kernel.oot_ops import register_oot
+from ascend_kernel.upstream import rotary_cache_for
 
 _built: Counter[str] = Counter()
 
@@ -59,7 +60,7 @@ class AscendRotaryEmbedding(RotaryEmbedding):
     def forward_oot(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None = None):
         if key is None or self.rotary_dim != self.head_size:
             return self.forward_native(positions, query, key)
-        cos_sin_cache = self._match_cos_sin_cache_dtype(query)
+        cos_sin_cache = rotary_cache_for(self, query)
         self.seam_ops.rotary_embedding(positions.flatten(), query, key, self.head_size, cos_sin_cache,
                                        self.is_neox_style)
         return query, key

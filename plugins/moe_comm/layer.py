@@ -163,7 +163,7 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
 
 def _routed_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                     layer_name: str) -> torch.Tensor:
-    method = get_forward_context().no_compile_layers[layer_name]._quant_method
+    method = get_forward_context().no_compile_layers[layer_name].routed_experts.quant_method
     return method.run_experts(x, topk_weights, topk_ids)
 
 

@@ -45,6 +45,8 @@ def seam_rejection_sampler_class() -> type:
     from vllm.v1.outputs import SamplerOutput
     from vllm.v1.sample.rejection_sampler import RejectionSampler
 
+    from ascend_kernel.upstream import rejection_logprobs
+
     class SeamRejectionSampler(RejectionSampler):
         """vLLM's RejectionSampler interface; verification in torch, top-k/top-p through the ops seam."""
 
@@ -78,8 +80,8 @@ def seam_rejection_sampler_class() -> type:
                             sampling_metadata, self.use_fp64_gumbel)
             logprobs = None
             if want_logprobs:
-                logprobs = self._get_logprobs_tensors(
-                    sampling_metadata.max_num_logprobs, metadata, logits,
+                logprobs = rejection_logprobs(
+                    self, sampling_metadata.max_num_logprobs, metadata, logits,
                     target if self.is_processed_logprobs_mode else raw_target,
                     bonus.logprobs_tensors.logprobs, output)
             return SamplerOutput(sampled_token_ids=output, logprobs_tensors=logprobs)

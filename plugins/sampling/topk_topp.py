@@ -39,6 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ascend_kernel.upstream import vllm_c_ops
+
 NEG_INF = float("-inf")
 #: positions of the short nucleus buffer agree with vLLM's sorted row modulo this (any SIMD lane/accumulator layout up to 256 floats)
 LANE_PERIOD = 256
@@ -90,7 +92,7 @@ class KeptSets:
                                                            self.vocab)
         if self.full_rows.numel():
             rows = self.full_logits.to(torch.float32).contiguous()
-            out[self.full_rows] = torch.ops._C.fused_gumbel_argmax(rows, seeds[self.full_rows].contiguous())
+            out[self.full_rows] = vllm_c_ops(load=False).fused_gumbel_argmax(rows, seeds[self.full_rows].contiguous())
         return out
 
 

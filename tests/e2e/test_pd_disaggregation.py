@@ -303,6 +303,16 @@ def kill_instance(serve_pd: LocalServer, url: str) -> None:
         urllib.request.urlopen(f"{url}/health", timeout=10)
 
 
+def get_status_and_json(url: str) -> tuple[int, Any]:
+    import urllib.error
+
+    try:
+        with urllib.request.urlopen(url, timeout=60) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
 def post(url: str, body: dict[str, Any], timeout: float = 120) -> tuple[int, dict[str, Any]]:
     import urllib.error
 
@@ -338,7 +348,11 @@ def test_prefill_dies_after_prefill_decode_fails_within_the_pull_timeout_frees_b
     decode_log = (deployment["logs"] / "decode0.log").read_text(errors="replace")
     assert f"sent no answer within {PULL_TIMEOUT_S} s (ASCEND_KERNEL_KV_TRANSFER_PULL_TIMEOUT_S)" in decode_log
     status, through_proxy = post(f"{deployment['proxy'].base_url}/v1/completions", {**prompt, "max_tokens": 2})
-    assert status == 502 and through_proxy["error"]["message"].startswith(f"prefill instance {deployment['prefill']}")
+    # the proxy's health checks took the dead producer out of the rotation: it says so, naming it
+    assert status == 503, through_proxy
+    assert through_proxy["error"]["message"].startswith(f"no healthy prefill instance: {deployment['prefill']} (")
+    status, health = get_status_and_json(f"{deployment['proxy'].base_url}/health")
+    assert status == 503 and health["prefill"][0]["healthy"] is False
 
     assert kv_cache_usage(deployment["decode"]) == 0.0, "the decode instance kept the failed request's blocks"
     assert get_json(deployment["decode"] + REPORT_PATH)["kv_transfer"]["kv_failed_transfers"] == failed_before + 1

@@ -18,6 +18,7 @@ every process is on this host; a real cluster should keep Ray's default.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -31,7 +32,7 @@ from typing import Any, Iterator
 import pytest
 
 from ascend_kernel.cli.serving import REPORT_PATH, LocalServer, free_port
-from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, REPO, clean_env, generate, hf_greedy, tokens
+from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, REPO, clean_env, hf_greedy, run_cli, tokens
 from tests.e2e.faults import stop_group
 
 pytestmark = pytest.mark.e2e
@@ -127,12 +128,19 @@ def test_generate_tp2_on_ray_equals_transformers(ray_cluster, tiny_llama):
     """``generate --engine-arg distributed_executor_backend=ray`` at TP=2 (the engine is the Ray driver)."""
     env = ray_env(RAY_ADDRESS=ray_cluster["address"])
     before = [kernel_workers(d) for d in ray_cluster["temp_dirs"]]
-    run = generate(tiny_llama, "--engine-arg", "tensor_parallel_size=2", "--engine-arg",
-                   "distributed_executor_backend=ray", env=env, max_tokens=MAX_TOKENS, prompts=PROMPTS)
+    args = ["generate", "--json", "--model", str(tiny_llama), "--max-tokens", str(MAX_TOKENS),
+            "--engine-arg", "tensor_parallel_size=2", "--engine-arg", "distributed_executor_backend=ray"]
+    for prompt in PROMPTS:
+        args += ["--prompt", prompt]
+    proc = run_cli(args, env=env)
+    run = json.loads(proc.stdout)  # the document alone: Ray's worker log lines went to stderr, also the late ones
     prompt_ids = [o["prompt_token_ids"] for o in run["outputs"]]
     assert tokens(run) == hf_greedy(tiny_llama, prompt_ids, MAX_TOKENS)
     check_tp_ranks(run["report"]["ranks"])
     check_workers_on_both_nodes(ray_cluster, before)
+    changes = {c["path"]: c for c in run["report"]["config_changes"]}
+    executor = changes["parallel_config.distributed_executor_backend"]
+    assert "KernelCpuRayExecutor" in executor["new"] and executor["plugin"] == "platform"
 
 
 def test_serve_tp2_on_a_two_node_ray_cluster_answers_like_transformers(ray_cluster, tiny_llama, tmp_path):

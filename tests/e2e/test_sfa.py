@@ -154,9 +154,9 @@ def check_states(run: dict, *states: str) -> dict:
     report = run["report"]
     backend = next(d for d in report["decisions"] if d["family"] == "attention_backend")
     assert backend["chosen"] == "ascend"
-    assert report["model_patches"] == ["vllm.model_executor.models.deepseek_v2.Indexer",
-                                       "vllm.model_executor.layers.mla.MLAAttention",
-                                       "vllm.model_executor.layers.fused_moe.UnquantizedFusedMoEMethod"]
+    assert sorted(report["model_patches"]) == ["vllm.model_executor.layers.fused_moe.UnquantizedFusedMoEMethod",
+                                               "vllm.model_executor.layers.mla.MLAAttention",
+                                               "vllm.model_executor.models.deepseek_v2.Indexer"]
     seen = report["trace"]["attention_states"]
     for state in states:
         assert seen.get(state, 0) > 0, f"scenario never reached {state}: {seen}"

@@ -91,8 +91,12 @@ class DecodeGraphParams:
         #: updates go on a stream of their own; the replayed graph waits on each group's event
         self.update_stream = update_stream if update_stream is not None else device.new_stream()
         self.tasks: dict[Hashable, list[AttentionTask]] = {}
-        #: one workspace per graph and call shape, shared by its layers (their tasks run one after another)
+        #: one workspace per graph and call shape, shared by its layers (their tasks run one after another);
+        #: weak references (the graph's pool owns the memory)
         self.workspaces: dict[tuple[Any, ...], torch.Tensor | None] = {}
+        #: the workspaces of the graph being captured, held strongly until its capture is over (inside one
+        #: capture, memory freed back to the pool may be handed to the next allocation of the same capture)
+        self._pinned: dict[Hashable, list[torch.Tensor]] = {}
 
     def paged_attention(self, key: Hashable, query: torch.Tensor, key_cache: torch.Tensor,
                         value_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float,
@@ -106,7 +110,9 @@ class DecodeGraphParams:
         """
         args = (query, key_cache, value_cache, block_table, seq_lens, scale, num_heads, num_kv_heads)
         workspace = self._workspace(key, *args, out)
-        self._record(key, AttentionTask(layer_name, None, "paged_attention_out", (*args, out, workspace), 4))
+        weak = self.device.weak_ref
+        held = (weak(query), *args[1:], weak(out), workspace)
+        self._record(key, AttentionTask(layer_name, None, "paged_attention_out", held, 4), live=(*args, out, workspace))
         return out
 
     def paged_attention_mla(self, key: Hashable, query: torch.Tensor, kv_cache: torch.Tensor,
@@ -119,12 +125,23 @@ class DecodeGraphParams:
         from the layer's ``decode.host_seq_lens``.
         """
         args = (query, kv_cache, block_table, seq_lens, scale, num_heads, v_head_size, out)
-        self._record(key, AttentionTask(layer_name, None, "paged_attention_mla_out", args, 3, MLA_LENGTHS))
+        weak = self.device.weak_ref
+        held = (weak(query), *args[1:-1], weak(out))
+        self._record(key, AttentionTask(layer_name, None, "paged_attention_mla_out", held, 3, MLA_LENGTHS), live=args)
         return out
 
-    def _record(self, key: Hashable, task: AttentionTask) -> None:
+    def _record(self, key: Hashable, task: AttentionTask, live: tuple[Any, ...]) -> None:
+        """Issue ``task`` (with the ``live`` tensors: the capture's own) as a task group; keep ``task``.
+
+        A task keeps what a re-issue needs, without owning the capture's
+        memory: the query, the output and the workspace are held through the
+        device's weak references (tensors on the same memory that the graph's
+        pool keeps, not the task), so a graph of many layers and sizes pins no
+        more than the pool does. The caches, the block table and the host
+        lengths are the runner's persistent buffers, held as they are.
+        """
         with self.device.graph_task_group(self.device.current_stream()) as group:
-            getattr(self.ops, task.op)(*task.args)
+            getattr(self.ops, task.op)(*live)
         task.group = group
         self.tasks.setdefault(key, []).append(task)
 
@@ -133,10 +150,15 @@ class DecodeGraphParams:
                    num_kv_heads: int, out: torch.Tensor) -> torch.Tensor | None:
         shape = (key, tuple(query.shape), query.dtype, tuple(key_cache.shape), tuple(block_table.shape), num_heads,
                  num_kv_heads)
+        self._captures_over(but=key)  # one capture at a time: a capture of ``key`` means the others are done
         if shape not in self.workspaces:
             longest = torch.full_like(seq_lens, block_table.shape[1] * key_cache.shape[1])
-            self.workspaces[shape] = self.ops.paged_attention_workspace(
+            workspace = self.ops.paged_attention_workspace(
                 query, key_cache, value_cache, block_table, longest, scale, num_heads, num_kv_heads, out)
+            # allocated inside the capture: the graph's pool owns its memory, this table only finds it again
+            self.workspaces[shape] = self.device.weak_ref(workspace) if workspace is not None else None
+            if workspace is not None:
+                self._pinned.setdefault(key, []).append(workspace)
         return self.workspaces[shape]
 
     def update(self, key: Hashable, seq_lens: torch.Tensor) -> int:
@@ -145,13 +167,20 @@ class DecodeGraphParams:
         ``seq_lens`` is the step's host int32 lengths, one per (padded) request
         of the captured size; a tensor of another shape is a caller error.
         """
+        self._captures_over()
         tasks = self.tasks.get(key, [])
         for task in tasks:
             self._reissue(key, task, seq_lens)
         return len(tasks)
 
+    def _captures_over(self, but: Hashable = None) -> None:
+        """Release the strong hold on the workspaces of captures that are over (every graph but ``but``)."""
+        for key in [k for k in self._pinned if k is not but]:
+            del self._pinned[key]
+
     def before_replay(self, graph: Any, forward_context: Any) -> int:
         """Re-issue ``graph``'s tasks, each with its layer's lengths from this pass's attention metadata."""
+        self._captures_over()  # a replay runs after every capture
         tasks = self.tasks.get(graph, [])
         if not tasks:
             return 0
@@ -184,6 +213,7 @@ class DecodeGraphParams:
     def forget(self, key: Hashable) -> None:
         """Drop the tasks and workspaces recorded for graph ``key`` (its wrapper cleared it)."""
         self.tasks.pop(key, None)
+        self._pinned.pop(key, None)
         for shape in [s for s in self.workspaces if s[0] == key]:
             del self.workspaces[shape]
 
@@ -191,6 +221,7 @@ class DecodeGraphParams:
         """Forget every recorded task."""
         self.tasks.clear()
         self.workspaces.clear()
+        self._pinned.clear()
 
 
 #: device -> its decode graph params (one per device, i.e. per graph pool)

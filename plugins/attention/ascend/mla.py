@@ -38,6 +38,7 @@ from vllm.v1.attention.backends.mla.prefill.base import MLAPrefillBackend
 
 from ascend_kernel import kernel as kernel_mod
 from ascend_kernel.ops import get_ops
+from ascend_kernel.upstream import mla_impl_defaults
 from ascend_kernel_plugins.attention.ascend.backend import host_seq_lens_are_exact
 from ascend_kernel_plugins.attention.ascend.graph_params import captured_mla_decode
 from ascend_kernel_plugins.attention.ascend.host_lengths import StepHostLengths, host_lengths_capacity
@@ -164,8 +165,7 @@ class AscendMLAImpl(MLACommonImpl[MLACommonMetadata]):
         self.indexer = mla_args.get("indexer")
         self.q_pad_num_heads = mla_args.get("q_pad_num_heads")
         self.supports_quant_query_input = False
-        self._use_flashinfer_concat_mla_k = False
-        self._pad_v = False
+        mla_impl_defaults(self)  # MLACommonImpl's private switches, which its skipped __init__ would set
         self.dcp_world_size = 1
         self.cp_kv_cache_interleave_size = 1
         kernel = kernel_mod.current()
@@ -234,21 +234,28 @@ class AscendMLAPrefillBackend(MLAPrefillBackend):
         kernel = kernel_mod.current()
         self.ops = get_ops(kernel.settings.ops_provider, kernel.device_info.kind)
         self.masks = kernel.resolve(vllm_config).attention_mask
+        self._host: _PrefillHostLengths | None = None
+
+    def prepare_metadata(self, prefill_metadata: Any) -> None:
+        """vLLM's builder hands over the step's prefill metadata: read its lengths to the host here, once per
+        step, not in every layer's prefill (each copy of a device tensor to the host is a sync)."""
+        super().prepare_metadata(prefill_metadata)
+        self._host = _PrefillHostLengths.of(prefill_metadata)
 
     def run_prefill_new_tokens(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, return_softmax_lse: bool,
                                out: torch.Tensor | None = None,
                                output_scale: torch.Tensor | None = None) -> Any:
         if output_scale is not None:
             raise NotImplementedError("the Ascend MLA prefill does not fuse output quantization yet")
+        host = self._step_host()
+        starts = host.query_start_loc
         if return_softmax_lse:  # to be merged with cached-prefix chunks (spec verify, chunked prefill)
-            starts = self._prefill_metadata.query_start_loc.to("cpu")
             return self.ops.ragged_attention_lse(q, k, v, starts, starts, float(self.scale), causal=True)
-        starts = self._prefill_metadata.query_start_loc.to("cpu")
-        lens = starts[1:] - starts[:-1]
         v_dim = v.shape[-1]
         v_padded = torch.nn.functional.pad(v, (0, q.shape[-1] - v_dim)) if v_dim < q.shape[-1] else v
-        mask = self.masks.causal(int(lens.max()), q.dtype, q.device)
-        result = self.ops.flash_attention(q, k, v_padded, mask, lens, float(self.scale), q.shape[1], k.shape[1])
+        mask = self.masks.causal(host.max_query_len, q.dtype, q.device)
+        result = self.ops.flash_attention(q, k, v_padded, mask, host.query_lens, float(self.scale), q.shape[1],
+                                          k.shape[1])
         result = result[..., :v_dim]
         if out is not None:
             out.copy_(result)
@@ -260,5 +267,39 @@ class AscendMLAPrefillBackend(MLAPrefillBackend):
         """New tokens over one chunk of their cached prefix (no mask: the prefix precedes them)."""
         if out is not None:
             raise NotImplementedError("the Ascend MLA context prefill returns a fresh tensor")
-        return self.ops.ragged_attention_lse(q, k, v, chunk.query_start_loc.to("cpu"), chunk.cu_seq_lens.to("cpu"),
-                                             float(self.scale), causal=False)
+        query_starts, key_starts = self._step_host().chunk(chunk)
+        return self.ops.ragged_attention_lse(q, k, v, query_starts, key_starts, float(self.scale), causal=False)
+
+    def _step_host(self) -> "_PrefillHostLengths":
+        """This step's host lengths (read by :meth:`prepare_metadata`, which vLLM's builder calls each step)."""
+        host = self._host
+        if host is None:
+            raise RuntimeError("the Ascend MLA prefill ran before vLLM's builder called prepare_metadata")
+        return host
+
+
+@dataclass
+class _PrefillHostLengths:
+    """One step's prefill lengths on the host: what every layer's prefill passes to the kernels."""
+
+    source: Any  #: the prefill metadata they were read from
+    query_start_loc: torch.Tensor
+    query_lens: torch.Tensor
+    max_query_len: int
+    #: per context chunk (by index): its query starts and its cumulative key lengths
+    chunks: dict[int, tuple[torch.Tensor, torch.Tensor]]
+
+    @classmethod
+    def of(cls, prefill: Any) -> "_PrefillHostLengths":
+        starts = prefill.query_start_loc.to("cpu")
+        lens = starts[1:] - starts[:-1]
+        context = getattr(prefill, "chunked_context", None)
+        chunks = {c.index: (c.query_start_loc.to("cpu"), c.cu_seq_lens.to("cpu"))
+                  for c in (context.chunks if context is not None else ())}
+        return cls(prefill, starts, lens, int(lens.max()) if lens.numel() else 0, chunks)
+
+    def chunk(self, chunk: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        found = self.chunks.get(chunk.index)
+        if found is None:  # a chunk the builder did not list: read it now
+            found = self.chunks[chunk.index] = (chunk.query_start_loc.to("cpu"), chunk.cu_seq_lens.to("cpu"))
+        return found

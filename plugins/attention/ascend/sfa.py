@@ -106,6 +106,8 @@ class AscendSFAMetadata(AttentionMetadata):
     seq_lens: torch.Tensor  # [num_reqs], cpu int32: cached + scheduled tokens per request
     block_table: torch.Tensor  # [num_reqs, max_blocks]
     slot_mapping: torch.Tensor  # [num_actual_tokens]; negative = padding
+    #: sum(query_lens): the step's real tokens, counted once by the builder (layers read it, never re-sum)
+    num_real_tokens: int = 0
     # What vLLM's MLAAttention layer reads to split a batch into MHA prefill and
     # MQA decode: sparse attention has no dense prefill, every token is MQA.
     num_decodes: int = 0
@@ -145,6 +147,7 @@ class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
             attn_state=state,
             query_lens=query_lens,
             seq_lens=seq_lens,
+            num_real_tokens=int(query_lens.sum()),  # host lengths: no device sync, once per step
             block_table=m.block_table_tensor[:n],
             slot_mapping=m.slot_mapping[: m.num_actual_tokens],
             num_prefills=n,
@@ -225,7 +228,7 @@ class AscendSFAImpl(MLAAttentionImpl[AscendSFAMetadata]):
         self.ops.reshape_and_cache(kv_c[:n].unsqueeze(1), k_pe[:n].unsqueeze(1), nope_cache, rope_cache, slots)
         self.ops.write_cache(index_k[:n].unsqueeze(1), index_cache, slots)
 
-        real = int(metadata.query_lens.sum())
+        real = metadata.num_real_tokens
         selected = self.ops.lightning_indexer(index_q[:real], index_cache, index_weights[:real],
                                               metadata.query_lens, metadata.seq_lens,
                                               metadata.block_table.to(torch.int32), sparse_count)
@@ -235,7 +238,7 @@ class AscendSFAImpl(MLAAttentionImpl[AscendSFAMetadata]):
                          rope_cache: torch.Tensor, selected: torch.Tensor, metadata: AscendSFAMetadata,
                          scale: float) -> torch.Tensor:
         """Latent attention of each real token over its selected positions; padding rows zero."""
-        real = int(metadata.query_lens.sum())
+        real = metadata.num_real_tokens
         out = q_nope.new_zeros(q_nope.shape)
         out[:real] = self.ops.sparse_attention_mla(q_nope[:real], q_pe[:real], nope_cache, rope_cache,
                                                    selected[:real], metadata.query_lens,

@@ -16,14 +16,16 @@ and rotary embedding, writes each new token's indexer key into
 :meth:`~ascend_kernel_plugins.attention.ascend.sfa.AscendSFAImpl.forward_mqa`
 of every MLA layer of the model reads them.
 
-:func:`install` swaps the class in vLLM's DeepSeek-V2/V3 model module; the
-attention provider calls it, before the model is built, when it serves a
-sparse model with the SFA backend. The swap is process-wide and idempotent.
+:func:`swapped` swaps the class in vLLM's DeepSeek-V2/V3 model module while
+the runner builds its model (the attention provider's ``model_build_scope``,
+when it serves a sparse model with the SFA backend); vLLM's class is back
+once the model and its drafter are built.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -133,7 +135,7 @@ class AscendIndexer(nn.Module):
         cache = self.k_cache.kv_cache.unsqueeze(2)  # [blocks, block_size, 1, head_dim]
         n = metadata.num_actual_tokens
         self.ops.write_cache(k[:n].unsqueeze(1), cache, metadata.slot_mapping[:n])
-        real = int(metadata.query_lens.sum())
+        real = metadata.num_real_tokens  # counted once per step by the builder
         selected = self.ops.lightning_indexer(q[:real], cache, weights[:real], metadata.query_lens,
                                               metadata.seq_lens, metadata.block_table.to(torch.int32),
                                               self.topk_tokens)
@@ -170,13 +172,14 @@ def _layer_metadata(layer_name: str) -> Any:
     return metadata.get(layer_name)
 
 
-def install() -> list[str]:
-    """Make vLLM's DeepSeek-V2/V3 model module build :class:`AscendIndexer` (and its MLA layers read the
-    selection after it is made: :mod:`.sfa_order`); returns what was replaced."""
+@contextlib.contextmanager
+def swapped() -> Iterator[list[str]]:
+    """Inside: vLLM's DeepSeek-V2/V3 model module builds :class:`AscendIndexer` (and its MLA layers read the
+    selection after it is made: :mod:`.sfa_order`); yields what was replaced. vLLM's classes are restored after."""
     from vllm.model_executor.models import deepseek_v2
 
+    from ascend_kernel.scoped import attributes_swapped
     from ascend_kernel_plugins.attention.ascend import sfa_order
 
-    if deepseek_v2.Indexer is not AscendIndexer:
-        deepseek_v2.Indexer = AscendIndexer
-    return ["vllm.model_executor.models.deepseek_v2.Indexer", *sfa_order.install()]
+    with attributes_swapped((deepseek_v2, "Indexer", AscendIndexer)), sfa_order.swapped() as more:
+        yield ["vllm.model_executor.models.deepseek_v2.Indexer", *more]

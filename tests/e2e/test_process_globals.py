@@ -1,0 +1,69 @@
+"""An engine leaves the process as it found it, except for what it records.
+
+The kernel changes a few things every caller in a process sees: vLLM
+classes it builds its own modules in place of (the SFA indexer, the MLA
+layer that orders its inputs after the indexer), Dynamo's recompile limit
+while cpu-graph compiles its artifacts, the Mooncake worker class and torch's
+device index while a connector is built. Each is scoped to the work that
+needs it. What must last (an environment variable for the engine processes,
+the worker and executor classes in vLLM's config) is a recorded config change.
+
+A tiny DeepSeek-V3.2 model (SFA backend: the module swaps) is served by
+``ascend-kernel generate`` in-process under cpu-graph (the recompile limit);
+afterwards every watched global is the object it was, and every environment
+variable the kernel's own code wrote (vLLM and torch write their own) is one
+of its recorded config changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.e2e.conftest import ENGINE_TIMEOUT_S, REPO, clean_env
+
+
+@pytest.fixture(scope="module")
+def tiny_v32(tmp_path_factory):
+    from ascend_kernel.models import create_tiny_model
+
+    return create_tiny_model("deepseek_v32", tmp_path_factory.mktemp("dsv32") / "deepseek_v32")
+
+
+@pytest.mark.parametrize("capture_mode", ["piecewise", "full_decode_only"])
+def test_globals_are_back_or_recorded(tiny_v32, tmp_path, capture_mode):
+    out = tmp_path / "globals.json"
+    script = REPO / "tests" / "e2e" / "scripts" / "process_globals.py"
+    proc = subprocess.run([sys.executable, str(script), str(tiny_v32), capture_mode, str(out)], cwd=REPO,
+                          env=clean_env(ASCEND_KERNEL_DEVICE="cpu"), capture_output=True, text=True,
+                          timeout=ENGINE_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["rc"] == 0
+    assert json.loads(proc.stdout)["outputs"], "the generate document is the script's stdout"
+    changed = [name for name, same in result["same"].items() if not same]
+    assert not changed, f"left changed after the engine: {changed}"
+    recorded = set(result["config_changes"])
+    assert {"parallel_config.worker_cls"} <= recorded, recorded
+    unrecorded = [w for w in result["kernel_env_writes"] if f"env.{w.split()[0]}" not in recorded]
+    assert not unrecorded, f"environment variables the kernel wrote without a recorded config change: {unrecorded}"
+    if capture_mode == "piecewise":  # the one variable the graph plugin sets for the engine processes
+        assert "env.VLLM_USE_AOT_COMPILE" in recorded or "VLLM_USE_AOT_COMPILE" in os.environ
+
+
+def test_generate_json_stdout_is_the_document_only(tiny_llama):
+    """``generate --json`` from the command line: stdout parses as one JSON document, nothing before or after
+    (the engine's own output went to stderr; under Ray its workers' lines would too)."""
+    from tests.e2e.conftest import CLI
+
+    proc = subprocess.run([*CLI, "generate", "--json", "--model", str(tiny_llama), "--max-tokens", "3",
+                           "--prompt", "hello"], cwd=REPO, env=clean_env(ASCEND_KERNEL_DEVICE="cpu"),
+                          capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    document = json.loads(proc.stdout)
+    assert len(document["outputs"][0]["token_ids"]) == 3
+    assert proc.stderr, "the engine's log lines are on stderr"
