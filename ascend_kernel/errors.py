@@ -37,7 +37,3 @@ class SelectionError(KernelError):
 
 class KVCacheAllocationError(KernelError):
     """The KV-cache configuration and the layout plugins disagree (names the layer and numbers)."""
-
-
-class QuantizationError(KernelError):
-    """A quantized checkpoint cannot be served as it is (names the layer or tensor, and what is allowed)."""

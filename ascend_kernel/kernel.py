@@ -9,6 +9,7 @@ at init and calls them directly in the decode loop.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -311,25 +312,18 @@ def _recorded_changes(vllm_config: Any) -> list[ConfigChange]:
             for c in extra.get(_CHANGES_KEY, [])]
 
 
-_pre_registered: list[str] | None = None
-
-
-def pre_register() -> list[str]:
+@functools.cache
+def pre_register() -> tuple[str, ...]:
     """Let the plugins register names with vLLM before it builds a config; once per process.
 
     The platform calls this from ``pre_register_and_update``. Plugins come from
     the environment's settings here (an engine's ``additional_config`` is not
-    known yet).
+    known yet). Returns what was registered, in words.
     """
-    global _pre_registered
-    with _lock:
-        if _pre_registered is None:
-            manager = KernelPluginManager(load_settings())
-            _pre_registered = [f"{plugin}: {item}" for plugin, result in manager.call_each("ascend_kernel_pre_register")
-                               for item in result]
-            for line in _pre_registered:
-                logger.info("ascend-kernel: registered %s", line)
-        return list(_pre_registered)
+    calls = KernelPluginManager(load_settings()).call_each("ascend_kernel_pre_register")
+    done = tuple(f"{plugin}: {item}" for plugin, result in calls for item in result)
+    logger.info("ascend-kernel: registered with vLLM before its config: %s", "; ".join(done) or "nothing")
+    return done
 
 
 def current() -> Kernel:

@@ -141,23 +141,7 @@ class KernelSettings(BaseSettings):
     )
     enable_dbo: bool = Field(False, description="Dual-batch overlap (MLA models).")
     enable_prefetch_mlp: bool = Field(False, description="Prefetch MLP weights on a side stream.")
-    # -- serving timeouts (issue 33): ascend-kernel pd-proxy / serve-pd / the report route ----------------------
-    pd_proxy_timeout_s: float = Field(
-        600.0, gt=0,
-        description="pd-proxy: seconds a prefill or decode instance may take to answer a request (and serve-pd's "
-        "proxy the same); pd-proxy --timeout overrides it.",
-    )
-    pd_proxy_connect_timeout_s: float = Field(
-        10.0, gt=0, description="pd-proxy: seconds to open a connection to an instance.",
-    )
-    pd_proxy_health_interval_s: float = Field(
-        5.0, gt=0,
-        description="pd-proxy: seconds between health checks of each instance (GET /health); an instance that "
-        "fails one leaves the rotation until a later check answers 200.",
-    )
-    pd_proxy_health_timeout_s: float = Field(
-        5.0, gt=0, description="pd-proxy: seconds one instance health check may take before it counts as failed.",
-    )
+    # -- the server's report route (the CLI reads it)
     report_rpc_timeout_s: float = Field(
         60.0, gt=0,
         description="The server's GET /ascend-kernel/report: seconds the engine's workers may take to answer.",

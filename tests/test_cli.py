@@ -35,7 +35,7 @@ def test_plugins_json_lists_separate_builtins(capsys):
     # every family has at least one built-in implementation
     families = {impl.split(":")[0] for p in builtins for impl in p["implementations"]}
     assert families == {"attention_backend", "attention_state", "attention_mask", "moe_comm", "moe_comm_method",
-                        "drafter", "sampler",
+                        "drafter", "sampler", "quantization",
                         "rejection_sampler", "graph", "layer_ops", "kv_cache"}
 
 

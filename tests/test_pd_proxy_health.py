@@ -18,9 +18,10 @@ from starlette.testclient import TestClient
 
 from ascend_kernel.cli.pd_proxy import build_app
 from ascend_kernel.cli.serving import free_port
-from ascend_kernel.settings import KernelSettings
+from ascend_kernel.settings import load_settings
 
-FAST = KernelSettings(pd_proxy_health_interval_s=0.1, pd_proxy_health_timeout_s=2.0, pd_proxy_timeout_s=10.0)
+FAST = load_settings({"ascend_kernel": {"pd_proxy_health_interval_s": 0.1, "pd_proxy_health_timeout_s": 2.0,
+                                        "pd_proxy_timeout_s": 10.0}})
 
 
 class Server:

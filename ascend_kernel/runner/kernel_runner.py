@@ -340,18 +340,14 @@ class KernelRunnerMixin:
         report["trace"] = self.kernel_trace.as_dict()
         from ascend_kernel.ops import provider_name
 
-        report["layer_ops"] = self.kernel_plan.layer_ops.describe()
-        describe_graph = getattr(self.kernel_plan.graph, "describe", None)
-        report["graph"] = describe_graph() if describe_graph is not None else {}
+        plan = self.kernel_plan
+        for family, empty in (("layer_ops", {}), ("graph", {}), ("quantization", None), ("moe_comm", {}),
+                              ("drafter", None)):  # each chosen object's own account, where it gives one
+            describe = getattr(getattr(plan, family), "describe", None)
+            report[family] = describe() if describe is not None else empty
         report["model_patches"] = self.kernel_model_patches
-        quantization = self.kernel_plan.quantization
-        report["quantization"] = quantization.describe() if quantization is not None else None
-        describe_moe = getattr(self.kernel_plan.moe_comm, "describe", None)
-        report["moe_comm"] = describe_moe() if describe_moe is not None else {}
         report["ops_provider"] = provider_name(self.kernel.settings.ops_provider, self.kernel.device_info.kind)
         report["sampler_class"] = type(self.sampler).__module__ + "." + type(self.sampler).__qualname__
         drafter = getattr(self, "drafter", None)
         report["drafter_class"] = (type(drafter).__module__ + "." + type(drafter).__qualname__) if drafter else None
-        describe_drafter = getattr(self.kernel_plan.drafter, "describe", None)
-        report["drafter"] = describe_drafter() if describe_drafter is not None else None
         return report

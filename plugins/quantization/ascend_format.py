@@ -19,7 +19,7 @@ from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMetho
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
 from ascend_kernel import kernel as kernel_mod
-from ascend_kernel.errors import QuantizationError
+from ascend_kernel_plugins.quantization.description import QuantizationError
 from ascend_kernel.ops.quant_ops import float32_bits_to_scale
 from ascend_kernel_plugins.quantization import int8_linear as il
 from ascend_kernel_plugins.quantization.description import DESCRIPTION_FILE, Description, read_headers

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from ascend_kernel.errors import QuantizationError
+from ascend_kernel_plugins.quantization.description import QuantizationError
 from ascend_kernel.ops.quant_ops import float32_bits_to_scale
 from ascend_kernel_plugins.quantization.description import DESCRIPTION_FILE, Description
 from ascend_kernel_plugins.quantization.schemes import FLOAT, W8A8, W8A8_DYNAMIC

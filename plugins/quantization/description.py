@@ -15,10 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from ascend_kernel.errors import QuantizationError
+from ascend_kernel.errors import KernelError
 from ascend_kernel_plugins.quantization.schemes import EXPERT_SCHEMES, FLOAT, SERVED_TYPES, TENSORS, W4A8_DYNAMIC
 
 DESCRIPTION_FILE = "quant_model_description.json"
+
+
+class QuantizationError(KernelError):
+    """A quantized checkpoint cannot be served as it is (names the layer or tensor, and what is allowed)."""
+
 #: description keys that are not tensors
 _META_KEYS = ("version", "model_quant_type", "metadata", "group_size", "optional", "kv_cache_type", "fa_quant_type",
               "reduce_quant_type")

@@ -22,7 +22,7 @@ import torch
 from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightScaleSupported
 from vllm.model_executor.utils import set_weight_attrs
 
-from ascend_kernel.errors import QuantizationError
+from ascend_kernel_plugins.quantization.description import QuantizationError
 from ascend_kernel_plugins.moe_comm.experts import LocalExperts
 from ascend_kernel_plugins.moe_comm.layer import AscendUnquantizedFusedMoEMethod, unserved_reason
 

@@ -35,7 +35,7 @@ from vllm.model_executor.parameter import (
     PerTensorScaleParameter,
 )
 
-from ascend_kernel.errors import QuantizationError
+from ascend_kernel_plugins.quantization.description import QuantizationError
 from ascend_kernel.ops import quant_cpu
 from ascend_kernel.ops.quant_ops import float32_bits_to_scale
 

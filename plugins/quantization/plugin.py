@@ -48,7 +48,7 @@ def ascend_kernel_pre_register() -> list[str]:
 @hookimpl
 def ascend_kernel_configure(settings: Any, vllm_config: Any, device: Any) -> list[Any]:
     from ascend_kernel.config_changes import change
-    from ascend_kernel.errors import QuantizationError
+    from ascend_kernel_plugins.quantization.description import QuantizationError
     from ascend_kernel_plugins.quantization.description import DESCRIPTION_FILE
 
     changes = []
