@@ -76,6 +76,34 @@ def normalise_name(name: str) -> str:
     return name.strip().lower().replace("_", "-")
 
 
+#: ``json_schema_extra`` key of a toggle that no plugin implements (see :func:`unimplemented_toggle`)
+UNIMPLEMENTED = "unimplemented"
+
+
+def unimplemented_toggle(feature: str, description: str) -> Any:
+    """A boolean toggle of a feature that no plugin implements: false is accepted, true is refused at start-up.
+
+    The Ascend runner's ``VLLM_ASCEND_*`` toggles keep their typed names here so
+    that setting one is a clear error (:func:`load_settings`: the variable, the
+    value, the feature, ``allowed: false``), never a setting accepted and
+    ignored. A plugin model may declare its own the same way. A plugin that
+    implements the feature replaces the declaration with an ordinary field and
+    reads it.
+    """
+    return Field(False, description=f"{description} Implemented by no plugin: true is refused at start-up.",
+                 json_schema_extra={UNIMPLEMENTED: feature})
+
+
+def unimplemented_toggles(model: type[BaseModel]) -> dict[str, str]:
+    """Field name -> feature, for each toggle of ``model`` declared with :func:`unimplemented_toggle`."""
+    toggles = {}
+    for name, info in model.model_fields.items():
+        extra = info.json_schema_extra
+        if isinstance(extra, dict) and UNIMPLEMENTED in extra:
+            toggles[name] = str(extra[UNIMPLEMENTED])
+    return toggles
+
+
 class KernelSettings(BaseSettings):
     """The core's settings, typed: kernel-wide knobs only. ``ascend-kernel settings`` lists them all.
 
@@ -132,15 +160,21 @@ class KernelSettings(BaseSettings):
     layer_ops: str = Field(AUTO, description="Force the model-layer ops (RMSNorm, rotary) provider by name.")
     quantization: str = Field(AUTO, description="Force the quantized-checkpoint implementation by name.")
 
-    # -- read by no plugin: the CLI's serving commands, and toggles no plugin implements yet
+    # -- read by no plugin: the CLI's serving commands
     engine_liveness_timeout_s: float = Field(
         30.0,
         gt=0,
         description="Serving with engines on other hosts (--headless): an engine that does not answer a liveness "
         "question within this many seconds is taken as dead, and the server fails its requests.",
     )
-    enable_dbo: bool = Field(False, description="Dual-batch overlap (MLA models).")
-    enable_prefetch_mlp: bool = Field(False, description="Prefetch MLP weights on a side stream.")
+    # -- the Ascend runner's toggles of NPU features no plugin implements: named, so that setting one is refused
+    enable_dbo: bool = unimplemented_toggle(
+        "dual-batch overlap", "Dual-batch overlap (MLA models): two micro-batches on two NPU streams, one's "
+        "communication over the other's compute."
+    )
+    enable_prefetch_mlp: bool = unimplemented_toggle(
+        "MLP weight prefetch", "Prefetch MLP weights into the NPU's L2 cache on a side stream."
+    )
 
     @field_validator("plugins", mode="before")
     @classmethod
@@ -351,6 +385,20 @@ def _describe(error: dict[str, Any], overrides: Mapping[str, Any], model: type[K
     return message
 
 
+def _refused_toggles(settings: KernelSettings, overrides: Mapping[str, Any], model: type[KernelSettings]) -> list[str]:
+    """One message per toggle set to true whose feature no plugin implements."""
+    problems = []
+    for field, feature in unimplemented_toggles(model).items():
+        if getattr(settings, field):
+            source = _source_of(field, overrides)
+            value = overrides[field] if field in overrides else _env_value(KernelSettings.env_name(field))
+            owner = f"plugin '{model.owners[field]}'" if field in model.owners else "the core"
+            problems.append(f"{source}={value!r} is refused: {feature} is implemented by no installed plugin (the "
+                            f"setting, declared by {owner}, names the Ascend runner's toggle so that it is not "
+                            "silently ignored); allowed: false")
+    return problems
+
+
 def load_settings(additional_config: Mapping[str, Any] | None = None, *,
                   declared: Declared | None = None) -> KernelSettings:
     """Build the settings for one engine: additional_config > env > default.
@@ -378,6 +426,8 @@ def load_settings(additional_config: Mapping[str, Any] | None = None, *,
     except ValidationError as exc:
         problems += [_describe(e, overrides, model) for e in exc.errors()
                      if not (e.get("loc") and str(e["loc"][0]) in covered)]
+    if settings is not None:
+        problems += _refused_toggles(settings, overrides, model)
     if problems or settings is None:
         raise SettingsError(f"Invalid ascend-kernel setting: {'; '.join(problems)}.")
     return settings
