@@ -28,8 +28,8 @@ class KernelCpuPlatform(KernelPlatformMixin, CpuPlatform):
 
     @classmethod
     def get_punica_wrapper(cls) -> str:
-        """vLLM-CPU's LoRA wrapper with ops that leave base requests of a mixed batch alone (punica.py says why)."""
-        return "ascend_kernel.platform.punica.KernelPunicaWrapper"
+        """vLLM-CPU's LoRA wrapper with ops that leave base requests of a mixed batch alone (ops/lora_punica.py says why)."""
+        return "ascend_kernel.ops.lora_punica.KernelPunicaWrapper"
 
     @classmethod
     def check_and_update_config(cls, vllm_config: Any) -> None:

@@ -79,10 +79,10 @@ def test_no_adapter_rows_are_left_alone_where_vllm_applies_the_last_slot(data):
 
 def test_the_cpu_platform_names_the_kernel_wrapper_and_it_uses_these_ops():
     from ascend_kernel.platform.cpu import KernelCpuPlatform
-    from ascend_kernel.platform.punica import KernelPunicaWrapper
+    from ascend_kernel.ops.lora_punica import KernelPunicaWrapper
     from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 
-    assert KernelCpuPlatform.get_punica_wrapper() == "ascend_kernel.platform.punica.KernelPunicaWrapper"
+    assert KernelCpuPlatform.get_punica_wrapper() == "ascend_kernel.ops.lora_punica.KernelPunicaWrapper"
     assert issubclass(KernelPunicaWrapper, PunicaWrapperCPU)
     wrapper = KernelPunicaWrapper(16, 4, "cpu")
     x, a = torch.randn(3, HIDDEN), torch.randn(1, 1, RANK, HIDDEN)
