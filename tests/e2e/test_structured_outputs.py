@@ -6,7 +6,8 @@ with seeded random sampling (temperature 1, top-k 20, top-p 0.9), so the
 grammar bitmask meets the sampler's top-k/top-p path in one batch. Every
 kernel run equals stock vLLM-CPU token for token (the sampled rows included
 where the sampler promises vLLM's draws: ``fast-cpu``, ``vllm-default``; greedy
-rows for ``ascend-topk-topp``), under each of the kernel's samplers, under the ngram drafter, and with ``async_scheduling=True``; the
+rows for ``ascend-topk-topp``), under each of the kernel's samplers, under the
+ngram drafter, and with ``async_scheduling=True``; the
 constrained texts are valid (``json.loads`` with the schema's keys and
 values, regex fullmatch, a listed choice).
 
