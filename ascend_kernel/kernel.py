@@ -292,18 +292,14 @@ def record_changes(vllm_config: Any, changes: list[ConfigChange | None], plugin:
     """Record config changes the platform itself made (not a plugin's configure hook) with this process's
     kernel and for its workers, so ``ascend-kernel explain`` and the report show them like any other."""
     made = [ConfigChange(c.path, c.old, c.new, c.reason, c.plugin or plugin) for c in changes if c is not None]
-    if not made:
-        return
     current().config_changes.extend(made)
-    extra = getattr(vllm_config, "additional_config", None)
-    if isinstance(extra, dict):
-        extra[_CHANGES_KEY] = [*extra.get(_CHANGES_KEY, []), *(c.as_dict() for c in made)]
+    _remember_changes(vllm_config, made, keep=True)
 
 
-def _remember_changes(vllm_config: Any, changes: list[ConfigChange]) -> None:
+def _remember_changes(vllm_config: Any, changes: list[ConfigChange], keep: bool = False) -> None:
     extra = getattr(vllm_config, "additional_config", None)
-    if isinstance(extra, dict):
-        extra[_CHANGES_KEY] = [c.as_dict() for c in changes]
+    if isinstance(extra, dict) and (changes or not keep):
+        extra[_CHANGES_KEY] = [*(extra.get(_CHANGES_KEY, []) if keep else ()), *(c.as_dict() for c in changes)]
 
 
 def _recorded_changes(vllm_config: Any) -> list[ConfigChange]:

@@ -76,6 +76,30 @@ def normalise_name(name: str) -> str:
     return name.strip().lower().replace("_", "-")
 
 
+#: ``json_schema_extra`` key of a toggle that no plugin implements (see :func:`unimplemented_toggle`)
+UNIMPLEMENTED = "unimplemented"
+
+
+def unimplemented_toggle(feature: str, description: str) -> Any:
+    """A boolean toggle of a feature that no plugin implements: false is accepted, true is refused at start-up.
+
+    The Ascend runner's ``VLLM_ASCEND_*`` toggles keep their typed names here so
+    that setting one is a clear error (:func:`load_settings`: the variable, the
+    value, the feature, ``allowed: false``), never a setting accepted and
+    ignored. A plugin model may declare its own the same way. A plugin that
+    implements the feature replaces the declaration with an ordinary field and
+    reads it.
+    """
+    return Field(False, description=f"{description} Implemented by no plugin: true is refused at start-up.",
+                 json_schema_extra={UNIMPLEMENTED: feature})
+
+
+def unimplemented_toggles(model: type[BaseModel]) -> dict[str, str]:
+    """Field name -> feature, for each toggle of ``model`` declared with :func:`unimplemented_toggle`."""
+    return {name: str(info.json_schema_extra[UNIMPLEMENTED]) for name, info in model.model_fields.items()
+            if isinstance(info.json_schema_extra, dict) and UNIMPLEMENTED in info.json_schema_extra}
+
+
 class KernelSettings(BaseSettings):
     """The core's settings, typed: kernel-wide knobs only. ``ascend-kernel settings`` lists them all.
 
@@ -132,15 +156,21 @@ class KernelSettings(BaseSettings):
     layer_ops: str = Field(AUTO, description="Force the model-layer ops (RMSNorm, rotary) provider by name.")
     quantization: str = Field(AUTO, description="Force the quantized-checkpoint implementation by name.")
 
-    # -- read by no plugin: the CLI's serving commands, and toggles no plugin implements yet
+    # -- read by no plugin: the CLI's serving commands
     engine_liveness_timeout_s: float = Field(
         30.0,
         gt=0,
         description="Serving with engines on other hosts (--headless): an engine that does not answer a liveness "
         "question within this many seconds is taken as dead, and the server fails its requests.",
     )
-    enable_dbo: bool = Field(False, description="Dual-batch overlap (MLA models).")
-    enable_prefetch_mlp: bool = Field(False, description="Prefetch MLP weights on a side stream.")
+    # -- the Ascend runner's toggles of NPU features no plugin implements: named, so that setting one is refused
+    enable_dbo: bool = unimplemented_toggle(
+        "dual-batch overlap", "Dual-batch overlap (MLA models): two micro-batches on two NPU streams, one's "
+        "communication over the other's compute."
+    )
+    enable_prefetch_mlp: bool = unimplemented_toggle(
+        "MLP weight prefetch", "Prefetch MLP weights into the NPU's L2 cache on a side stream."
+    )
     # -- the server's report route (the CLI reads it)
     report_rpc_timeout_s: float = Field(
         60.0, gt=0,
@@ -356,6 +386,15 @@ def _describe(error: dict[str, Any], overrides: Mapping[str, Any], model: type[K
     return message
 
 
+def _refused_toggles(settings: KernelSettings, overrides: Mapping[str, Any], model: type[KernelSettings]) -> list[str]:
+    """One message per toggle set to true whose feature no plugin implements."""
+    return [f"{_source_of(name, overrides)}={overrides.get(name, _env_value(KernelSettings.env_name(name)))!r} is "
+            f"refused: {feature} is implemented by no installed plugin (the setting, declared by "
+            f"{'plugin ' + repr(model.owners[name]) if name in model.owners else 'the core'}, names the Ascend "
+            "runner's toggle so that it is not silently ignored); allowed: false"
+            for name, feature in unimplemented_toggles(model).items() if getattr(settings, name)]
+
+
 def load_settings(additional_config: Mapping[str, Any] | None = None, *,
                   declared: Declared | None = None) -> KernelSettings:
     """Build the settings for one engine: additional_config > env > default.
@@ -383,6 +422,8 @@ def load_settings(additional_config: Mapping[str, Any] | None = None, *,
     except ValidationError as exc:
         problems += [_describe(e, overrides, model) for e in exc.errors()
                      if not (e.get("loc") and str(e["loc"][0]) in covered)]
+    if settings is not None:
+        problems += _refused_toggles(settings, overrides, model)
     if problems or settings is None:
         raise SettingsError(f"Invalid ascend-kernel setting: {'; '.join(problems)}.")
     return settings
@@ -391,32 +432,3 @@ def load_settings(additional_config: Mapping[str, Any] | None = None, *,
 def env_requests_kernel() -> bool:
     """True when any ``ASCEND_KERNEL_*`` variable is set (used to fail loudly, not silently)."""
     return any(key.upper().startswith(ENV_PREFIX) for key in os.environ)
-
-
-def describe_settings(settings: KernelSettings | None = None, declared: Declared | None = None) -> list[dict[str, Any]]:
-    """One row per setting, the core's first, then each plugin's in plugin order.
-
-    Each row: name, type, default, env var, additional_config key, what is
-    allowed, description, owning plugin (None for the core), current value.
-    """
-    model = type(settings) if settings is not None else settings_model(declared)
-    order = [*KernelSettings.model_fields, *(f for _, m in model.declared for f in m.model_fields)]
-    rows = []
-    for name in order:
-        field = model.model_fields[name]
-        annotation = field.annotation
-        type_name = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
-        rows.append(
-            {
-                "name": name,
-                "type": type_name,
-                "default": field.default,
-                "env": KernelSettings.env_name(name),
-                "additional_config": f'additional_config["{ADDITIONAL_CONFIG_KEY}"]["{name}"]',
-                "allowed": allowed_values(name, model),
-                "plugin": model.owners.get(name),
-                "value": getattr(settings, name) if settings is not None else None,
-                "description": field.description or "",
-            }
-        )
-    return rows

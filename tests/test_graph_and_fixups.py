@@ -130,13 +130,14 @@ def test_npu_fixups_reset_gpu_only_options_and_record_them(llama_dir):
     assert cfg2.scheduler_config.max_num_partial_prefills == 4
 
 
-def test_fused_mc2_with_hierarchy_is_refused():
+def test_fused_mc2_and_hierarchy_are_refused_at_load():
+    """Neither MC2 kernel toggle is implemented: each is refused on its own (tests/test_settings_read.py: all)."""
     from ascend_kernel.errors import SettingsError
-    from ascend_kernel_plugins.moe_comm.plugin import ascend_kernel_configure
 
-    settings = load_settings({"ascend_kernel": {"enable_fused_mc2": True, "enable_mc2_hierarchy_comm": True}})
-    with pytest.raises(SettingsError, match="ASCEND_KERNEL_ENABLE_FUSED_MC2=0"):
-        ascend_kernel_configure(settings, None, DeviceInfo("npu", "A3"))
+    with pytest.raises(SettingsError) as info:
+        load_settings({"ascend_kernel": {"enable_fused_mc2": True, "enable_mc2_hierarchy_comm": True}})
+    assert "enable_fused_mc2\"]=True is refused" in str(info.value)
+    assert "enable_mc2_hierarchy_comm\"]=True is refused" in str(info.value)
 
 
 def test_npu_platform_class_imports_with_ascend_device_facts():

@@ -13,8 +13,9 @@ from pydantic import BaseModel, Field
 
 from ascend_kernel.errors import PluginError, SettingsError
 from ascend_kernel.plugin_manager import KernelPluginManager, declared_settings
+from ascend_kernel.cli.settings_doc import describe_settings
 from ascend_kernel.settings import (
-    ENV_PREFIX, KernelSettings, compose_settings, describe_settings, load_settings, settings_model,
+    ENV_PREFIX, KernelSettings, compose_settings, load_settings, settings_model,
 )
 from ascend_kernel_plugins.graph.settings import GraphSettings
 from ascend_kernel_plugins.moe_comm.settings import MoECommSettings
@@ -70,12 +71,12 @@ def test_the_composed_object_reads_plugin_settings_as_attributes_and_is_each_mod
 
 def test_equal_settings_compare_equal_and_survive_pickling(monkeypatch):
     """Workers rebuild settings from the pickled config; activate() compares them to decide whether to rebuild."""
-    monkeypatch.setenv("ASCEND_KERNEL_ENABLE_FUSED_MC2", "1")
+    monkeypatch.setenv("ASCEND_KERNEL_MC2_MIN_WORLD_SIZE", "4")
     a, b = load_settings(), load_settings()
     assert a == b and type(a) is type(b)
-    assert a != load_settings({"ascend_kernel": {"enable_fused_mc2": False}})
+    assert a != load_settings({"ascend_kernel": {"mc2_min_world_size": 16}})
     restored = pickle.loads(pickle.dumps(a))
-    assert restored == a and type(restored) is type(a) and restored.enable_fused_mc2 is True
+    assert restored == a and type(restored) is type(a) and restored.mc2_min_world_size == 4
     core = KernelSettings()
     assert pickle.loads(pickle.dumps(core)) == core
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from ascend_kernel.errors import SettingsError
+from ascend_kernel.cli.settings_doc import describe_settings
 from ascend_kernel.settings import (
     ENV_PREFIX,
     LIST_SETTINGS,
     KernelSettings,
-    describe_settings,
     env_requests_kernel,
     load_settings,
     normalise_name,

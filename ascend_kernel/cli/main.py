@@ -130,7 +130,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 def cmd_settings(args: argparse.Namespace) -> int:
     from ascend_kernel.cli.render import table
-    from ascend_kernel.settings import describe_settings, load_settings
+    from ascend_kernel.cli.settings_doc import describe_settings
+    from ascend_kernel.settings import load_settings
 
     if args.markdown:  # the reference page (docs/settings.md): models only, no values, no env check
         from ascend_kernel.cli.settings_doc import settings_markdown
@@ -317,7 +318,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
         request = _engine_request(args, kernel=not args.stock)
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                seed=args.sampling_seed, max_tokens=args.max_tokens, ignore_eos=not args.stop_at_eos)
+                                seed=args.sampling_seed, max_tokens=args.max_tokens, ignore_eos=not args.stop_at_eos,
+                                structured_outputs=_structured_outputs(args))
         llm = engine.build_llm(request)
         try:
             inputs = [_chat_prompt(llm, p) if chat else p for p, chat in prompts]
@@ -340,6 +342,28 @@ def cmd_generate(args: argparse.Namespace) -> int:
         text += "\n\nspec decode: " + ", ".join(f"{k} {v}" for k, v in spec_decode.items())
     _emit(args, payload, text)
     return 0
+
+
+def _structured_outputs(args: argparse.Namespace) -> Any:
+    """vLLM's ``StructuredOutputsParams`` for ``--json-schema`` / ``--regex`` / ``--choice`` (None without one)."""
+    if args.json_schema is None and args.regex is None and args.choice is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if args.json_schema is not None:
+        try:
+            schema = json.loads(Path(args.json_schema).read_text())
+        except OSError as exc:
+            raise UsageError(f"--json-schema {args.json_schema!r}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise UsageError(f"--json-schema {args.json_schema!r} is no JSON: {exc}") from None
+        if not isinstance(schema, dict):
+            raise UsageError(f"--json-schema {args.json_schema!r}: a JSON schema is an object, "
+                             f"got {type(schema).__name__}")
+        return StructuredOutputsParams(json=schema)
+    if args.regex is not None:
+        return StructuredOutputsParams(regex=args.regex)
+    return StructuredOutputsParams(choice=list(args.choice))
 
 
 def _chat_prompt(llm: Any, message: str) -> Any:
@@ -573,6 +597,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sampling-seed", type=_SEED, default=None,
                    help="per-request sampling seed (vLLM's SamplingParams.seed), for reproducible random sampling")
     p.add_argument("--stock", action="store_true", help="run stock vLLM without the kernel (for comparison)")
+    constraint = p.add_mutually_exclusive_group()  # structured outputs: one constraint for every prompt
+    constraint.add_argument("--json-schema", metavar="FILE",
+                            help="answers are JSON valid under the schema in FILE (vLLM structured outputs; compact "
+                            "JSON: --engine-arg 'structured_outputs_config={\"disable_any_whitespace\": true}')")
+    constraint.add_argument("--regex", help="answers match this regular expression (vLLM structured outputs)")
+    constraint.add_argument("--choice", action="append", metavar="TEXT",
+                            help="answers are one of these texts (repeatable; vLLM structured outputs)")
     p = add("conformance", cmd_conformance,
             "check every implementation a plugin registers against its family's contract (no engine starts)")
     from ascend_kernel.conformance.cli import add_arguments as add_conformance_arguments

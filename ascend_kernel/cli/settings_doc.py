@@ -50,7 +50,6 @@ def _type(row: dict[str, Any]) -> str:
 
 def settings_markdown() -> str:
     from ascend_kernel.plugin_manager import declared_settings
-    from ascend_kernel.settings import describe_settings
 
     rows = describe_settings(declared=declared_settings(builtin_only=True))
     groups: dict[str | None, list[dict[str, Any]]] = {}
@@ -65,3 +64,34 @@ def settings_markdown() -> str:
         out += [f"| `{r['env']}` | `{r['name']}` | `{_cell(_type(r))}` | {_cell(r['allowed'])} | "
                 f"`{_cell(repr(r['default']))}` | {_cell(r['description'])} |" for r in items]
     return "\n".join(out) + "\n"
+
+
+def describe_settings(settings: Any = None, declared: Any = None) -> list[dict[str, Any]]:
+    """One row per setting, the core's first, then each plugin's in plugin order.
+
+    Each row: name, type, default, env var, additional_config key, what is
+    allowed, description, owning plugin (None for the core), current value.
+    """
+    from ascend_kernel.settings import ADDITIONAL_CONFIG_KEY, KernelSettings, allowed_values, settings_model
+
+    model = type(settings) if settings is not None else settings_model(declared)
+    order = [*KernelSettings.model_fields, *(f for _, m in model.declared for f in m.model_fields)]
+    rows = []
+    for name in order:
+        field = model.model_fields[name]
+        annotation = field.annotation
+        type_name = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+        rows.append(
+            {
+                "name": name,
+                "type": type_name,
+                "default": field.default,
+                "env": KernelSettings.env_name(name),
+                "additional_config": f'additional_config["{ADDITIONAL_CONFIG_KEY}"]["{name}"]',
+                "allowed": allowed_values(name, model),
+                "plugin": model.owners.get(name),
+                "value": getattr(settings, name) if settings is not None else None,
+                "description": field.description or "",
+            }
+        )
+    return rows

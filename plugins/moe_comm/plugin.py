@@ -25,14 +25,3 @@ def ascend_kernel_moe_comm_policies() -> list[Implementation]:
         )
     ]
 
-
-@hookimpl
-def ascend_kernel_configure(settings, vllm_config, device):
-    from ascend_kernel.errors import SettingsError
-
-    if settings.enable_mc2_hierarchy_comm and settings.enable_fused_mc2:
-        raise SettingsError(
-            "fused MC2 cannot be used with hierarchical MC2 communication: set "
-            "ASCEND_KERNEL_ENABLE_FUSED_MC2=0 or ASCEND_KERNEL_ENABLE_MC2_HIERARCHY_COMM=0"
-        )
-    return None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from ascend_kernel.settings import unimplemented_toggle
+
 
 class MoECommSettings(BaseModel):
     """MC2 policy and kernel toggles (typed replacements of the seeds' ``VLLM_ASCEND_*`` variables)."""
@@ -11,7 +13,11 @@ class MoECommSettings(BaseModel):
     mc2_min_world_size: int = Field(
         16, ge=1, description="On A2, MC2 is used only when the DP x TP world has at least this many ranks."
     )
-    enable_fused_mc2: bool = Field(False, description="Use the fused MC2 MoE kernel.")
-    enable_mc2_hierarchy_comm: bool = Field(
-        False, description="Hierarchical MC2 communication (incompatible with fused MC2)."
+    # the Ascend runner's MC2 kernel toggles: the mc2 method runs the dispatch/combine pair only
+    enable_fused_mc2: bool = unimplemented_toggle(
+        "the fused MC2 MoE kernel (dispatch, expert MLP and combine in one NPU kernel)",
+        "Use the fused MC2 MoE kernel.",
+    )
+    enable_mc2_hierarchy_comm: bool = unimplemented_toggle(
+        "hierarchical MC2 communication", "Hierarchical MC2 communication (incompatible with fused MC2)."
     )
