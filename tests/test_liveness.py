@@ -1,4 +1,5 @@
-"""The engine-liveness watch of ``ascend-kernel serve`` against a stand-in of vLLM's engine client.
+"""The engine-liveness watch of ``ascend-kernel serve``: the heartbeat (a real sender thread and a real UDP
+receiver on 127.0.0.1) and the fallback probe, against a stand-in of vLLM's engine client.
 
 The stand-in has what the watch touches (``call_utility_all_async``,
 ``resources.engine_dead``, ``outputs_queue``, ``core_engines``); the watch and
