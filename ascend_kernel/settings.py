@@ -160,8 +160,8 @@ class KernelSettings(BaseSettings):
     engine_liveness_timeout_s: float = Field(
         30.0,
         gt=0,
-        description="Serving with engines on other hosts (--headless): an engine that does not answer a liveness "
-        "question within this many seconds is taken as dead, and the server fails its requests.",
+        description="Serving with engines on other hosts (--headless): a node whose heartbeat (UDP, 1 s, not held "
+        "up by engine steps) is silent this many seconds is taken as dead, and the server fails its requests.",
     )
     # -- the Ascend runner's toggles of NPU features no plugin implements: named, so that setting one is refused
     enable_dbo: bool = unimplemented_toggle(

@@ -1,4 +1,5 @@
-"""The engine-liveness watch of ``ascend-kernel serve`` against a stand-in of vLLM's engine client.
+"""The engine-liveness watch of ``ascend-kernel serve``: the heartbeat (a real sender thread and a real UDP
+receiver on 127.0.0.1) and the fallback probe, against a stand-in of vLLM's engine client.
 
 The stand-in has what the watch touches (``call_utility_all_async``,
 ``resources.engine_dead``, ``outputs_queue``, ``core_engines``); the watch and
@@ -65,3 +66,117 @@ def test_only_engines_this_server_did_not_start_are_watched():
     assert remote_engines(client(Core(engines=2, answers=None), local=2)) == 0  # one host: vLLM watches them
     no_dp = SimpleNamespace(engine_core=SimpleNamespace(), vllm_config=client(Core(1, None), 1).vllm_config)
     assert remote_engines(no_dp) == 0
+
+
+# -- the heartbeat: a real sender thread and a real receiver on 127.0.0.1 (UDP) ---------------------------------
+
+
+def _free_udp_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_beating_node_whose_engine_thread_is_busy_is_never_taken_as_dead():
+    """The sender beats from its own thread while the sending process's main thread computes for 1.5 s
+    (six times the timeout), holding the GIL most of the time: the watch leaves the client alone."""
+    from ascend_kernel.cli.liveness import HeartbeatSender, bind_receiver, watch_heartbeats
+
+    async def run() -> tuple[str, Core, HeartbeatReceiver]:
+        port = _free_udp_port()
+        transport, receiver = await bind_receiver("127.0.0.1", port)
+        sender = HeartbeatSender("127.0.0.1", port, first_rank=1, engines=1, interval_s=0.05).start()
+        core = Core(engines=2, answers=0)  # the utility probe would hang: only the heartbeat is asked
+        watch = asyncio.create_task(watch_heartbeats(core, receiver, timeout_s=0.25, check_s=0.02))
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, _spin, 1.5)  # a long "step" in another thread of this process
+        core.resources.engine_dead = True
+        outcome = await watch
+        sender.stop()
+        transport.close()
+        return outcome, core, receiver
+
+    from ascend_kernel.cli.liveness import HeartbeatReceiver
+
+    outcome, core, receiver = asyncio.run(run())
+    assert outcome == "dead" and core.outputs_queue.empty() and core.asked == []
+    assert list(receiver.last) == [1] and receiver.engines == {1: 1}
+
+
+def _spin(seconds: float) -> int:
+    import time
+
+    end, n = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        n += sum(i * i for i in range(1000))
+    return n
+
+
+def test_a_node_that_stops_beating_fails_the_client_within_the_timeout():
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    from ascend_kernel.cli.liveness import HeartbeatSender, bind_receiver, watch_heartbeats
+
+    async def run() -> tuple[str, Core, float, str]:
+        port = _free_udp_port()
+        transport, receiver = await bind_receiver("127.0.0.1", port)
+        sender = HeartbeatSender("127.0.0.1", port, first_rank=2, engines=2, interval_s=0.05).start()
+        core = Core(engines=4, answers=None)
+        watch = asyncio.create_task(watch_heartbeats(core, receiver, timeout_s=0.3, check_s=0.02))
+        await asyncio.sleep(0.5)
+        assert not watch.done()
+        sender.stop()  # the node goes quiet (its launcher is gone)
+        stopped = time.monotonic()
+        outcome = await asyncio.wait_for(watch, timeout=5)
+        transport.close()
+        return outcome, core, time.monotonic() - stopped, receiver.ranks(2)
+
+    import time
+
+    outcome, core, took, ranks = asyncio.run(run())
+    assert outcome == "failed" and core.resources.engine_dead
+    assert isinstance(core.outputs_queue.get_nowait(), EngineDeadError)
+    assert ranks == "2-3"
+    assert 0.25 < took < 1.0, took  # the timeout (0.3 s) after the last beat, plus one check
+
+
+def test_other_datagrams_are_not_heartbeats_and_a_silent_start_only_warns(caplog):
+    import socket
+
+    from ascend_kernel.cli.liveness import bind_receiver, watch_heartbeats
+
+    async def run() -> tuple[str, Core, dict]:
+        port = _free_udp_port()
+        transport, receiver = await bind_receiver("127.0.0.1", port)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for junk in (b"hello", b"ascend-kernel-beat x 1", b"ascend-kernel-beat 1"):
+                sock.sendto(junk, ("127.0.0.1", port))
+        core = Core(engines=2, answers=None)
+        watch = asyncio.create_task(watch_heartbeats(core, receiver, timeout_s=0.1, check_s=0.02))
+        await asyncio.sleep(0.4)
+        core.resources.engine_dead = True
+        outcome = await watch
+        transport.close()
+        return outcome, core, receiver.last
+
+    with caplog.at_level("WARNING", logger="ascend_kernel"):
+        outcome, core, last = asyncio.run(run())
+    assert outcome == "dead" and last == {} and core.outputs_queue.empty()
+    assert "no engine heartbeat" in caplog.text
+
+
+def test_a_headless_dp_node_beats_to_the_dp_address_and_others_do_not():
+    from ascend_kernel.cli.liveness import start_heartbeat
+
+    base = dict(headless=True, data_parallel_size=2, data_parallel_size_local=1, data_parallel_start_rank=1,
+                data_parallel_address="127.0.0.1", data_parallel_rpc_port=_free_udp_port(), master_addr=None)
+    sender = start_heartbeat(SimpleNamespace(**base))
+    try:
+        assert sender is not None and sender.target == ("127.0.0.1", base["data_parallel_rpc_port"])
+        assert sender.message == b"ascend-kernel-beat 1 1"
+    finally:
+        sender.stop()
+    assert start_heartbeat(SimpleNamespace(**{**base, "headless": False})) is None  # the API node
+    assert start_heartbeat(SimpleNamespace(**{**base, "data_parallel_size": 1})) is None  # multi-node TP follower

@@ -13,17 +13,37 @@ engines this server started sees one exit. An engine on a ``--headless``
 node is neither: this server did not start it, and ZMQ waits quietly for a
 peer that went away.
 
-What: while the server runs, :func:`watch_engines` asks every engine the
-client drives a cheap utility question (``is_sleeping``, answered by the
-engine-core loop between steps) every :data:`INTERVAL_S`. When one does
-not answer within ``ASCEND_KERNEL_ENGINE_LIVENESS_TIMEOUT_S``, the client is
+What: a heartbeat that no engine step can hold up. The ``--headless`` node's
+launcher process (``ascend-kernel serve --headless``, the process that
+started that node's engines and exits when one of them dies: vLLM's
+``monitor_engine_liveness``) runs :class:`HeartbeatSender`, a daemon thread
+that sends one UDP datagram every :data:`HEARTBEAT_INTERVAL_S` to the API
+node's DP address at the DP RPC port (UDP: vLLM's handshake holds the TCP
+port of that number, never the UDP one). The datagram names the DP ranks of
+that node's engines. The launcher runs no model, so a step of any length on
+its engines does not delay a beat. The API server's watch
+(:func:`watch_heartbeats`) receives them; when a node it has heard from
+sends nothing for ``ASCEND_KERNEL_ENGINE_LIVENESS_TIMEOUT_S``, the client is
 failed through vLLM's own path for a dead engine (:func:`fail_client`): its
 ``engine_dead`` flag (``/health`` answers 503, new requests are refused) and
 an ``EngineDeadError`` in its output queue, which vLLM's output handler hands
 to every open request. vLLM's server then shuts down as it does for any dead
 engine (its watchdog, every 5 s; ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1`` keeps
-it up, answering 503). A step longer than the timeout reads as a dead engine:
-the timeout is generous by default (30 s) for that reason.
+it up, answering 503).
+
+Before the heartbeat, the watch asked each engine a utility question
+(``is_sleeping``), which the engine-core loop answers only between steps, so
+a step longer than the timeout read as a dead engine (measured: a 7 s
+prefill under a 3 s timeout got a 500 and the server exited). That probe
+(:func:`watch_engines`) remains the fallback where the heartbeat port cannot
+be bound here (e.g. a second API server on this host already holds it); it
+keeps the old caveat, which the log says.
+
+What a beat proves: the node's launcher runs, hence (vLLM's headless monitor)
+all its engine processes run. An engine process that is alive but stuck is
+not found (nor was it by vLLM before). A node that never beats (one not
+started by ``ascend-kernel serve --headless``) is not watched; the log says so
+once the timeout has passed without a beat.
 
 Only deployments where the client drives engines this host did not start are
 watched (more engines than ``--data-parallel-size-local``); vLLM watches its
@@ -34,14 +54,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import threading
+import time
 from typing import Any
 
 logger = logging.getLogger("ascend_kernel")
 
-#: seconds between liveness questions
+#: seconds between liveness questions (the fallback probe)
 INTERVAL_S = 2.0
 #: the engine-core utility asked (cheap, side-effect free)
 PROBE = "is_sleeping"
+#: seconds between a headless node's heartbeats
+HEARTBEAT_INTERVAL_S = 1.0
+#: first word of a heartbeat datagram: ``ascend-kernel-beat <first DP rank> <engines>``
+BEAT = b"ascend-kernel-beat"
 
 
 def remote_engines(engine_client: Any) -> int:
@@ -61,8 +88,108 @@ def fail_client(core: Any, reason: str) -> None:
     core.outputs_queue.put_nowait(EngineDeadError())
 
 
+# -- the headless node's side ---------------------------------------------------------------------------------
+
+
+class HeartbeatSender:
+    """A daemon thread sending ``BEAT first count`` by UDP to ``(host, port)`` every ``interval_s`` until stopped."""
+
+    def __init__(self, host: str, port: int, first_rank: int, engines: int,
+                 interval_s: float = HEARTBEAT_INTERVAL_S) -> None:
+        self.target = (host, port)
+        self.message = b"%s %d %d" % (BEAT, first_rank, engines)
+        self.interval_s = interval_s
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ascend-kernel-heartbeat", daemon=True)
+
+    def start(self) -> HeartbeatSender:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        family = socket.getaddrinfo(self.target[0], self.target[1], type=socket.SOCK_DGRAM)[0][0]
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            while not self._stop.is_set():
+                try:
+                    sock.sendto(self.message, self.target)
+                    self.sent += 1
+                except OSError:  # the API node is not up yet, or unreachable for now: beat on
+                    pass
+                self._stop.wait(self.interval_s)
+
+
+def start_heartbeat(args: Any) -> HeartbeatSender | None:
+    """For ``serve --headless`` of DP engines (``args``: vLLM's parsed serve arguments): beat to the API node."""
+    if not getattr(args, "headless", False) or (getattr(args, "data_parallel_size", 1) or 1) <= 1:
+        return None  # not a DP node without a server (multi-node TP followers are watched by their leader)
+    from vllm.config import ParallelConfig
+
+    host = args.data_parallel_address or getattr(args, "master_addr", None) or ParallelConfig.data_parallel_master_ip
+    port = args.data_parallel_rpc_port or ParallelConfig.data_parallel_rpc_port
+    first = getattr(args, "data_parallel_start_rank", None) or 0
+    engines = args.data_parallel_size_local or 1
+    logger.info("ascend-kernel: heartbeat of DP rank(s) %d-%d to %s:%d/udp every %g s",
+                first, first + engines - 1, host, port, HEARTBEAT_INTERVAL_S)
+    return HeartbeatSender(host, port, first, engines).start()
+
+
+# -- the API node's side --------------------------------------------------------------------------------------
+
+
+class HeartbeatReceiver(asyncio.DatagramProtocol):
+    """When each sender (keyed by its first DP rank) was last heard from, on this loop's clock."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, float] = {}
+        self.engines: dict[int, int] = {}
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        words = data.split()
+        if len(words) == 3 and words[0] == BEAT and words[1].isdigit() and words[2].isdigit():
+            first = int(words[1])
+            self.last[first] = time.monotonic()
+            self.engines[first] = int(words[2])
+
+    def ranks(self, first: int) -> str:
+        return f"{first}" if self.engines.get(first, 1) == 1 else f"{first}-{first + self.engines[first] - 1}"
+
+
+async def bind_receiver(host: str, port: int) -> tuple[Any, HeartbeatReceiver]:
+    """A UDP endpoint on ``(host, port)`` collecting heartbeats (OSError when it cannot be bound)."""
+    transport, receiver = await asyncio.get_running_loop().create_datagram_endpoint(
+        HeartbeatReceiver, local_addr=(host, port))
+    return transport, receiver
+
+
+async def watch_heartbeats(core: Any, receiver: HeartbeatReceiver, timeout_s: float,
+                           check_s: float = 0.25) -> str:
+    """Until a node heard from is silent for ``timeout_s`` (then fail the client) or the client is dead; say which."""
+    started = time.monotonic()
+    warned = False
+    while not core.resources.engine_dead:
+        now = time.monotonic()
+        silent = [first for first, last in receiver.last.items() if now - last > timeout_s]
+        if silent:
+            ranks = ", ".join(receiver.ranks(first) for first in sorted(silent))
+            fail_client(core, f"the node of DP rank(s) {ranks} sent no heartbeat for {timeout_s:g} s "
+                              f"(ASCEND_KERNEL_ENGINE_LIVENESS_TIMEOUT_S); it is taken as dead")
+            return "failed"
+        if not receiver.last and not warned and now - started > timeout_s:
+            warned = True
+            logger.warning("ascend-kernel: no engine heartbeat in %g s; engines on other hosts are not watched "
+                           "until one arrives (is the node started with `ascend-kernel serve --headless`?)",
+                           timeout_s)
+        await asyncio.sleep(check_s)
+    return "dead"
+
+
 async def watch_engines(engine_client: Any, timeout_s: float, interval_s: float = INTERVAL_S) -> str:
-    """Ask the engines until one does not answer (then fail the client) or the client is dead; say which."""
+    """The fallback: ask the engines until one does not answer (then fail the client) or the client is dead."""
     core = engine_client.engine_core
     while not core.resources.engine_dead:
         try:
@@ -81,15 +208,31 @@ async def watch_engines(engine_client: Any, timeout_s: float, interval_s: float 
     return "dead"
 
 
+async def watch(engine_client: Any, timeout_s: float) -> str:
+    """Heartbeats on the DP address's UDP port; the utility probe where that port cannot be bound here."""
+    parallel = engine_client.vllm_config.parallel_config
+    host, port = parallel.data_parallel_master_ip, parallel.data_parallel_rpc_port
+    try:
+        transport, receiver = await bind_receiver(host, port)
+    except OSError as exc:
+        logger.warning("ascend-kernel: cannot receive engine heartbeats on %s:%d/udp (%s); asking the engines "
+                       "instead, where a step longer than %g s reads as a dead engine", host, port, exc, timeout_s)
+        return await watch_engines(engine_client, timeout_s)
+    try:
+        return await watch_heartbeats(engine_client.engine_core, receiver, timeout_s)
+    finally:
+        transport.close()
+
+
 def start_watch(app_state: Any) -> asyncio.Task | None:
-    """Start :func:`watch_engines` for this server's engine client when it drives remote engines."""
+    """Start :func:`watch` for this server's engine client when it drives remote engines."""
     from ascend_kernel.settings import load_settings
 
     engine_client = getattr(app_state, "engine_client", None)
     if engine_client is None or remote_engines(engine_client) == 0:
         return None
     timeout_s = load_settings().engine_liveness_timeout_s
-    logger.info("ascend-kernel: watching %d engine(s) on other hosts (liveness timeout %g s)",
+    logger.info("ascend-kernel: watching %d engine(s) on other hosts by heartbeat (liveness timeout %g s)",
                 remote_engines(engine_client), timeout_s)
-    return asyncio.get_running_loop().create_task(watch_engines(engine_client, timeout_s),
+    return asyncio.get_running_loop().create_task(watch(engine_client, timeout_s),
                                                   name="ascend-kernel-engine-liveness")

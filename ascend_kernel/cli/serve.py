@@ -109,6 +109,9 @@ def main(argv: Sequence[str]) -> int:
     try:
         command.validate(args)
         logs.logger.info("ascend-kernel serve: device %s; the kernel's live report: GET %s", device, REPORT_PATH)
+        from ascend_kernel.cli.liveness import start_heartbeat
+
+        start_heartbeat(args)  # a --headless DP node beats to the API node's liveness watch (cli/liveness.py)
         command.cmd(args)
     except Exception as exc:  # start-up failures become one paragraph (others re-raised)
         error = kernel_error_in(exc)

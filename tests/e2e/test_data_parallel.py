@@ -16,6 +16,9 @@ Scenarios, one deployment each (tiny Llama, float32, eager, 4 concurrent prompts
   through vLLM's DP handshake at ADDRESS:P, as on two machines. With internal
   load balancing (the default) the API node's engine client manages both ranks,
   so its report reaches the headless node's worker too;
+* the same two nodes, one step of the headless engine made slow on purpose
+  (``slow_step.py``, 4x the liveness timeout): every request answers, the
+  heartbeat of the node's launcher keeps it alive (``cli/liveness.py``);
 * the same two nodes, the headless one then killed mid-load: the API node
   fails the open requests within a bound and exits; a fresh pair serves
   again (``faults.py``; the kernel's liveness watch makes it so);
@@ -43,12 +46,14 @@ from typing import Any, Iterator
 import pytest
 
 from ascend_kernel.cli.serving import REPORT_PATH, LocalServer, free_port
-from tests.e2e import faults
+from tests.e2e import faults, slow_step
 from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, REPO, clean_env, hf_greedy
 
 pytestmark = pytest.mark.e2e
 
 API_KEY = "sk-ascend-kernel-dp"
+#: the headless engine's slow step (``slow_step.py``): four times the liveness timeout
+SLOW_STEP_S = 12
 MAX_TOKENS = 6
 PROMPTS = ["The capital of France is", "Once upon a time, there was", "the quick brown fox jumps",
            "Rivers run to the sea and"]
@@ -167,13 +172,24 @@ def running(api: LocalServer, headless: HeadlessNode, what: str, headless_stop_s
         headless.stop(timeout_s=headless_stop_s)
 
 
-def two_node_deployment(model: Path, logs: Path, *extra: str) -> tuple[LocalServer, HeadlessNode]:
-    """API node (DP rank 0) and ``--headless`` node (DP rank 1), not started; a 10 s engine-liveness timeout."""
+def two_node_deployment(model: Path, logs: Path, *extra: str,
+                        slow_trigger: Path | None = None) -> tuple[LocalServer, HeadlessNode]:
+    """API node (DP rank 0) and ``--headless`` node (DP rank 1), not started; a 3 s engine-liveness timeout.
+
+    ``slow_trigger``: the headless node samples with the test-only ``slow-step-test`` sampler, which makes the
+    step after that file appears slow (``slow_step.py``)."""
     dp = ["--data-parallel-size", "2", "--data-parallel-size-local", "1",
           "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(free_port()), *extra]
     liveness = {"ASCEND_KERNEL_ENGINE_LIVENESS_TIMEOUT_S": str(faults.LIVENESS_TIMEOUT_S)}
+    slow = {}
+    if slow_trigger is not None:
+        path = [str(slow_step.install(logs / "slow-step-plugin")), str(REPO), os.environ.get("PYTHONPATH", "")]
+        slow = {"PYTHONPATH": os.pathsep.join(p for p in path if p), "ASCEND_KERNEL_SAMPLER": slow_step.NAME,
+                "SLOW_STEP_TRIGGER": str(slow_trigger), "SLOW_STEP_SECONDS": str(SLOW_STEP_S)}
     headless = HeadlessNode([*CLI, "serve", str(model), *SERVE_ARGS, *dp, "--headless",
-                             "--data-parallel-start-rank", "1"], {**server_env("1"), **liveness}, logs / "node1.log")
+                             "--data-parallel-start-rank", "1"], {**server_env("1"), **liveness, **slow},
+                            logs / "node1.log")
+    headless.slow_trigger = slow_trigger
     api = LocalServer([*CLI, "serve", str(model), *SERVE_ARGS, *dp, "--api-server-count", "1"],
                       {**server_env("0"), **liveness}, logs / "node0.log", api_key=API_KEY)
     return api, headless
@@ -181,7 +197,8 @@ def two_node_deployment(model: Path, logs: Path, *extra: str) -> tuple[LocalServ
 
 @pytest.fixture(scope="module")
 def two_nodes(tiny_llama, tmp_path_factory) -> Any:
-    api, headless = two_node_deployment(tiny_llama, tmp_path_factory.mktemp("dp-nodes"))
+    logs = tmp_path_factory.mktemp("dp-nodes")
+    api, headless = two_node_deployment(tiny_llama, logs, slow_trigger=logs / "slow-step")
     with running(api, headless, "headless node", headless_stop_s=2):
         yield api, headless
 
@@ -196,6 +213,31 @@ def test_two_nodes_on_loopback_answer_like_transformers_and_api_node_reports_bot
     assert "EngineCore_DP1" in node_log and "EngineCore_DP0" not in node_log
     assert node_log.count("ascend-kernel is active: device cpu") == 1, node_log[-3000:]
     assert headless.process.poll() is None
+
+
+def test_a_step_four_times_the_liveness_timeout_is_no_dead_node(two_nodes, tiny_llama, capsys):
+    """One step of the headless engine computes for SLOW_STEP_S (12 s) under a 3 s liveness timeout.
+
+    The engine-core loop answers nothing during that step (the old ``is_sleeping`` probe failed the server
+    after the timeout: a 500 and an exit); the node's heartbeat comes from its launcher process, which runs no
+    step. Every request answers 200, equal to transformers, and the server stays healthy."""
+    api, headless = two_nodes
+    trigger = headless.slow_trigger
+    done = Path(f"{trigger}.done")
+    done.unlink(missing_ok=True)
+    trigger.write_text("")
+    started = time.monotonic()
+    check_answers(api, tiny_llama)  # 4 concurrent prompts: the balancer gives the headless engine some
+    took = time.monotonic() - started
+    assert not trigger.exists() and done.exists(), "the headless engine never ran the slow step"
+    step_s = float(done.read_text())
+    assert step_s >= SLOW_STEP_S > 3 * faults.LIVENESS_TIMEOUT_S and took >= SLOW_STEP_S
+    assert faults.health(api) == 200 and api.process.poll() is None and headless.process.poll() is None
+    assert "taken as dead" not in api.log_text(), api.log_text()[-3000:]
+    assert "heartbeat of DP rank(s) 1-1 to 127.0.0.1" in headless.log_text()
+    with capsys.disabled():
+        print(f"\n[long step] headless step {step_s:.1f} s under a {faults.LIVENESS_TIMEOUT_S} s liveness timeout; "
+              f"requests answered 200 after {took:.1f} s; /health 200")
 
 
 def test_killed_headless_node_fails_open_requests_within_bound_and_a_restart_serves(two_nodes, tiny_llama,
@@ -221,7 +263,8 @@ def test_killed_headless_node_fails_open_requests_within_bound_and_a_restart_ser
     exited = time.monotonic() - killed_at
     assert server_process.poll() is not None, f"the API node still runs {exited:.0f} s after the kill"
     assert 200 not in answers and set(answers) <= {503, "refused"}, answers
-    assert f"did not answer within {faults.LIVENESS_TIMEOUT_S} s" in api.log_text(), api.log_text()[-3000:]
+    # found by the heartbeat (the headless launcher's, cli/liveness.py), not the old utility probe
+    assert f"sent no heartbeat for {faults.LIVENESS_TIMEOUT_S} s" in api.log_text(), api.log_text()[-3000:]
     deadline = time.monotonic() + 30  # nothing of the old API node runs on (engine core DP0 included)
     while time.monotonic() < deadline:
         try:
