@@ -124,7 +124,7 @@ def prepare_models(scheme: str, where: Path) -> dict[str, Path]:
         config.write_text(CONFIG.format(scope=scope, symmetric=symmetric))
         subprocess.run([str(Path(sys.executable).with_name("msmodelslim")), "quant", "--model_type", "default",
                         "--model_path", str(real), "--save_path", str(quantized), "--device", "cpu",
-                        "--config_path", str(config)], check=True, capture_output=True)
+                        "--config_path", str(config)], check=True, capture_output=True, cwd=where)
     if not (twin / "config.json").is_file():
         to_compressed_tensors(quantized, twin)
     return {"float32": real, "bfloat16": real, "kernel": quantized, "stock": twin}

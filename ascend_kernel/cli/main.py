@@ -190,7 +190,7 @@ def _engine_request(args: argparse.Namespace, kernel: bool):
     from ascend_kernel.cli.engine import EngineRequest
     from ascend_kernel.settings import load_settings
 
-    dtype_arg = args.dtype or _default_dtype(args)
+    dtype_arg = args.dtype if args.dtype is not None else _default_dtype(args)
     given = {"dtype": engine_args.Given(f"--dtype {dtype_arg!r}", dtype_arg, dtype_arg)}
     if args.quantization is not None:
         given["quantization"] = engine_args.Given(f"--quantization {args.quantization!r}", args.quantization,

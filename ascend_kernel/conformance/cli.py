@@ -56,7 +56,9 @@ def run(args: argparse.Namespace, quiet_stdout: Any) -> int:
         raise UsageError(f"--plugin: {exc}") from None
     counts = report.counts()
     if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
+        document = json.dumps(report.as_dict(), indent=2)
+        out = getattr(args, "json_stdout", None)  # --json: the CLI keeps the real stdout for the document alone
+        out.write(document) if out is not None else print(document)
     else:
         print(table(["plugin", "family", "implementation", "contract", "status", "reason"],
                     [[r.plugin, r.family, r.implementation, r.contract, r.status, _short(r.reason)]

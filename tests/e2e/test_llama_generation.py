@@ -45,7 +45,8 @@ def test_kernel_plugins_did_the_work(kernel_run, tiny_llama):
     families = [d["family"] for d in report["decisions"]]
     assert families.count("kv_cache") == 1
     assert set(families) == {"attention_backend", "attention_state", "attention_mask", "moe_comm", "moe_comm_method", "drafter",
-                             "sampler", "rejection_sampler", "graph", "layer_ops", "kv_cache"}
+                             "sampler", "rejection_sampler", "graph", "layer_ops", "kv_cache", "quantization"}
+    assert next(d for d in report["decisions"] if d["family"] == "quantization")["chosen"] is None  # not quantized
     kv = report["kv_cache"]
     (usage,) = kv["layouts"]
     config = json.loads((tiny_llama / "config.json").read_text())
