@@ -66,9 +66,6 @@ class Description:
             raise QuantizationError(f"{path} must hold a JSON object (tensor name -> type)")
         return cls.from_json(raw, str(path))
 
-    def type_of(self, tensor: str) -> str | None:
-        return self.types.get(tensor)
-
     def weight_type(self, prefix: str) -> str | None:
         """The type of layer ``prefix``'s weight (None when the description does not list it)."""
         return self.types.get(f"{prefix}.weight")

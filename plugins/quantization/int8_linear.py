@@ -37,7 +37,6 @@ from vllm.model_executor.parameter import (
 
 from ascend_kernel_plugins.quantization.description import QuantizationError
 from ascend_kernel.ops import quant_cpu
-from ascend_kernel.ops.quant_ops import float32_bits_to_scale
 
 #: the attribute a quantized layer keeps its executor under
 EXECUTOR_ATTR = "ascend_int8"
@@ -160,7 +159,7 @@ def build_executor(weights: Int8Weights, ops: Any, act_dtype: torch.dtype, layer
 # -- the linear method ----------------------------------------------------------
 
 
-#: how a checkpoint format stores one scheme: tensor suffix -> factory(N, shards, K, dtype, loader) -> parameter
+#: how a checkpoint format declares one tensor: factory(N, shards, dtype, loader) -> vLLM parameter
 ParamFactory = Callable[[int, int, torch.dtype, Callable[..., Any]], BasevLLMParameter]
 
 
@@ -278,5 +277,5 @@ def torch_dtype(safetensors_dtype: str, default: torch.dtype) -> torch.dtype:
 
 
 __all__ = ["Int8LinearMethod", "LayerStats", "Int8Weights", "SeamInt8Executor", "CpuInt8Executor", "build_executor",
-           "float32_bits_to_scale", "one_value", "full_row_sums", "bias_on_this_rank", "checked_zero",
+           "one_value", "full_row_sums", "bias_on_this_rank", "checked_zero",
            "per_channel", "per_shard", "torch_dtype", "layer_prefix", "EXECUTOR_ATTR"]
