@@ -22,6 +22,7 @@ tensor-parallel slice; the stored ``scale_bias`` is loaded and not used).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ from vllm.model_executor.utils import set_weight_attrs
 
 from ascend_kernel.ops.quant_ops import unpack_int4_rows
 from ascend_kernel_plugins.quantization.description import QuantizationError
+from ascend_kernel_plugins.quantization.int8_linear import ACL_FORMAT_FRACTAL_NZ
 from ascend_kernel_plugins.moe_comm.experts import LocalExperts
 from ascend_kernel_plugins.moe_comm.layer import AscendUnquantizedFusedMoEMethod, unserved_reason
 
@@ -93,9 +95,10 @@ class AscendInt8FusedMoEMethod(AscendUnquantizedFusedMoEMethod):
         super().process_weights_after_loading(layer)
 
     def expert_weights(self, layer: Any) -> dict[str, torch.Tensor | None]:
-        """The grouped matmuls' operands: weights [local, K, N] int8, scales [local, N], no bias."""
-        return {"w13": layer.w13_weight.data.transpose(1, 2).contiguous(),
-                "w2": layer.w2_weight.data.transpose(1, 2).contiguous(),
+        """The grouped matmuls' operands: weights [local, K, N] int8 (FRACTAL_NZ on an NPU), scales [local, N]."""
+        nz = functools.partial(self.seam_ops.format_cast, acl_format=ACL_FORMAT_FRACTAL_NZ)
+        return {"w13": nz(layer.w13_weight.data.transpose(1, 2).contiguous()),
+                "w2": nz(layer.w2_weight.data.transpose(1, 2).contiguous()),
                 "w13_scale": layer.w13_weight_scale.data.squeeze(-1).contiguous(),
                 "w2_scale": layer.w2_weight_scale.data.squeeze(-1).contiguous()}
 
