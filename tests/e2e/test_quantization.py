@@ -349,6 +349,18 @@ def test_int8_experts_through_every_comm_method_equal_tp1(method, int8_experts, 
         assert "alltoall" in result["report"]["trace"]["moe_methods"]
 
 
+def test_compressed_tensors_int8_experts_run_the_kernels_moe_layer_under_expert_parallelism(int8_experts,
+                                                                                          int8_experts_tp1, tmp_path):
+    """The same int8 experts as compressed-tensors (converted losslessly) at TP=2 + EP: the kernel's int8 MoE
+    layer runs them (vLLM's int8 MoE kernels are not expert-parallel here) and gives the TP=1 tokens."""
+    ct = to_compressed_tensors(int8_experts, tmp_path / "ct-int8-experts")
+    env = clean_env(ASCEND_KERNEL_DEVICE="cpu", VLLM_CPU_OMP_THREADS_BIND="0|1")
+    result = generate(ct, "--dtype", "float32", *EXPERT_PARALLEL, env=env, max_tokens=MAX_TOKENS, prompts=PROMPTS[:2])
+    assert quantization_decision(result)["chosen"] == "compressed-tensors-seam"
+    assert result["report"]["quantization"]["int8_layers"] == {"experts:W8A8_DYNAMIC": 2}
+    assert tokens(result) == int8_experts_tp1
+
+
 def test_int4_experts_equal_their_int8_twin_and_take_all_to_all_on_a2(int4_experts, int8_experts_tp1):
     """W4A8_DYNAMIC experts (msModelSlim's packed int4): at TP=1 exactly the tokens of the same values stored as
     W8A8_DYNAMIC (unpacking, scales and loading are right); at TP=2 + EP planned for an A2, the policy reads the
