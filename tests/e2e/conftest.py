@@ -65,6 +65,19 @@ def run_cli(args: list[str], env: dict[str, str] | None = None, expect_rc: int =
     return proc
 
 
+def run_script(script: Path, args: list[str], env: dict[str, str],
+               timeout: float = ENGINE_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """``python SCRIPT ARGS`` (a helper script that builds an engine in-process), forked from the zygote whose
+    platform its environment resolves to: ``ASCEND_KERNEL_DEVICE=cpu`` the kernel's, unset or ``auto`` stock
+    vLLM's (the kernel stays off without an NPU); a plain subprocess otherwise or with zygotes off."""
+    device = env.get("ASCEND_KERNEL_DEVICE", "auto").lower()
+    flavour = {"cpu": "kernel", "auto": "stock"}.get(device)
+    if flavour is not None and os.environ.get("ASCEND_KERNEL_TEST_ZYGOTE", "1") != "0":
+        return _zygote(flavour).run(list(args), env, REPO, timeout, script=script)
+    return subprocess.run([sys.executable, str(script), *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def generate(model: Path, *extra: str, env: dict[str, str] | None = None, max_tokens: int = 12,
              prompts: list[str] = PROMPTS) -> dict[str, Any]:
     args = ["generate", "--json", "--model", str(model), "--max-tokens", str(max_tokens)]
