@@ -10,8 +10,9 @@ The child sets the command's working directory, environment and argv, points
 its stdout/stderr at files, and runs ``python -m ascend_kernel.cli.main``
 through :func:`runpy.run_module`: the same code path as the subprocess, minus
 the imports. A test's helper script (tests/e2e/scripts/) runs the same way
-through :func:`runpy.run_path`, as ``python SCRIPT ARGS`` would. Nothing else is shared: every command still gets its own process,
-engine, kernel and exit status.
+through :func:`runpy.run_path`, as ``python SCRIPT ARGS`` would. Nothing else
+is shared: every command still gets its own process, engine, kernel and exit
+status.
 
 Protocol (one JSON object per line): the client writes ``{"argv", "env",
 "cwd", "stdout", "stderr"}`` (and ``"script"`` for a script); the zygote answers ``{"pid"}`` when the child

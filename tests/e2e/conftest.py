@@ -48,12 +48,18 @@ def _zygote(flavour: str) -> Any:
     return _zygotes[flavour]
 
 
-def run_cli(args: list[str], env: dict[str, str] | None = None, expect_rc: int = 0) -> subprocess.CompletedProcess:
-    """``ascend-kernel ARGS`` in a process of its own: forked from a zygote that imported the stack, when one fits."""
+def run_cli(args: list[str], env: dict[str, str] | None = None, expect_rc: int = 0,
+            zygote: str | None = None) -> subprocess.CompletedProcess:
+    """``ascend-kernel ARGS`` in a process of its own: forked from a zygote that imported the stack, when one fits.
+
+    ``zygote`` names the flavour for a command :func:`flavour_for` leaves to a fresh interpreter (a ``serve`` that
+    must fail in start-up, after vLLM is imported); a test about what happens before vLLM is imported must not."""
     from tests.e2e.cli_zygote import flavour_for
 
     env = env or clean_env()
-    flavour = flavour_for(args, env) if os.environ.get("ASCEND_KERNEL_TEST_ZYGOTE", "1") != "0" else None
+    flavour = zygote or flavour_for(args, env)
+    if os.environ.get("ASCEND_KERNEL_TEST_ZYGOTE", "1") == "0":
+        flavour = None
     if flavour is not None:
         proc = _zygote(flavour).run(list(args), env, REPO, ENGINE_TIMEOUT_S)
     else:
