@@ -115,12 +115,10 @@ def test_eagle_head_drafts_and_verifies_as_chunked_prefill(tiny_llama, oracle, d
 @pytest.mark.parametrize("capture_mode", ["piecewise", "full_decode_only"])
 def test_eagle3_head_under_graph_capture(tiny_llama, oracle, draft_models, capture_mode):
     """EAGLE-3 under cpu-graph: the target model's captured artifacts still hand the drafter the hidden states of
-    the layers it reads (auxiliary outputs), and the head's own forward runs between steps. One size, the
-    verification batch's (2 requests x (1 + 2) tokens): every size costs a compile per piece."""
+    the layers it reads (auxiliary outputs), and the head's own forward runs between steps."""
     run = generate(tiny_llama, *spec("eagle3", str(draft_models["llama_eagle3"]), k=2), "--graph-mode", "cpu-graph",
-                   "--graph-capture-mode", capture_mode, "--capture-sizes", "6",
+                   "--graph-capture-mode", capture_mode, "--capture-sizes", "1,2,4,8",
                    env=clean_env(ASCEND_KERNEL_DEVICE="cpu"), max_tokens=MAX_TOKENS, prompts=PROMPTS)
     check(tiny_llama, run, oracle, "eagle", "spec-decode-eagle")
     graph = run["report"]["graph"]
-    assert graph["capture_mode"] == capture_mode and graph["captured_sizes"] == [6], graph
-    assert graph["replays"].get("6", 0) > 0, graph
+    assert graph["capture_mode"] == capture_mode and sum(graph["replays"].values()) > 0, graph
