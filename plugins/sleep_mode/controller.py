@@ -59,6 +59,9 @@ class SleepController:
         if self.pools.tags():
             return
         runner = self.worker.model_runner
+        kv = list(_flatten(runner.kv_caches))
+        if not kv:
+            raise RuntimeError("sleep mode: this worker has no KV cache tensors to free (is the engine initialised?)")
         models = [runner.get_model()]
         drafter_model = getattr(getattr(runner, "drafter", None), "model", None)
         if isinstance(drafter_model, torch.nn.Module):
@@ -70,9 +73,6 @@ class SleepController:
             self.pools.register("weights", kept, preserve=True)
             self.pools.register("weights", [(prefix + n, b) for n, b in model.named_buffers()], preserve=True)
             self.pools.register("weights", params)
-        kv = list(_flatten(runner.kv_caches))
-        if not kv:
-            raise RuntimeError("sleep mode: this worker has no KV cache tensors to free (is the engine initialised?)")
         self.pools.register("kv_cache", [(f"kv_caches[{i}]", t) for i, t in enumerate(kv)])
 
     def _check_graph_mode(self) -> None:

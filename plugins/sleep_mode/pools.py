@@ -167,6 +167,9 @@ class TaggedPools:
         pool = self._pool(tag)
         if pool.state != RESIDENT:
             raise ValueError(f"tag '{tag}' is already {pool.state}; restore it first")
+        stuck = [e.name for e in pool.entries if not e.storage.resizable()]
+        if stuck:  # a storage can become fixed after registration (e.g. shared with numpy): free none of them
+            raise ValueError(f"cannot free tag '{tag}': the storages of {stuck} can no longer be resized")
         for entry in pool.entries:
             if keep_all or entry.preserve:
                 entry.host = self._host_buffer(entry.nbytes)

@@ -65,6 +65,18 @@ def run_cli(args: list[str], env: dict[str, str] | None = None, expect_rc: int =
     return proc
 
 
+def run_script(script: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``python SCRIPT ARGS`` on the kernel's CPU platform, forked from the kernel zygote when zygotes are on."""
+    if os.environ.get("ASCEND_KERNEL_TEST_ZYGOTE", "1") != "0" and env.get("ASCEND_KERNEL_DEVICE") == "cpu":
+        proc = _zygote("kernel").run(list(args), env, REPO, ENGINE_TIMEOUT_S, script=str(script))
+    else:
+        proc = subprocess.run([sys.executable, str(script), *args], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=ENGINE_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise AssertionError(f"{script.name} exited {proc.returncode}\n--- stderr tail ---\n{proc.stderr[-4000:]}")
+    return proc
+
+
 def generate(model: Path, *extra: str, env: dict[str, str] | None = None, max_tokens: int = 12,
              prompts: list[str] = PROMPTS) -> dict[str, Any]:
     args = ["generate", "--json", "--model", str(model), "--max-tokens", str(max_tokens)]
