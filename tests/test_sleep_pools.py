@@ -154,7 +154,8 @@ def _worker(graph: str = "eager", keep: list[str] | None = None):
     runner = SimpleNamespace(get_model=lambda: model, kv_caches=[torch.ones(2, 64), [torch.ones(3)]],
                              device=torch.device("cpu"),
                              kernel=SimpleNamespace(records=[SimpleNamespace(family="graph", chosen=graph)]))
-    config = SimpleNamespace(model_config=SimpleNamespace(sleep_preserve_parameter_names=keep or []))
+    config = SimpleNamespace(model_config=SimpleNamespace(sleep_preserve_parameter_names=keep or []),
+                             kv_transfer_config=None)
     return SimpleNamespace(model_runner=runner, vllm_config=config), model
 
 
@@ -186,6 +187,10 @@ def test_controller_refuses_what_it_cannot_keep():
     with pytest.raises(RuntimeError, match="cannot keep graph mode 'aclgraph'.*ASCEND_KERNEL_GRAPH_MODE=eager"):
         SleepController(worker, TaggedPools()).sleep(1)
     worker, model = _worker()
+    worker.vllm_config.kv_transfer_config = SimpleNamespace(kv_connector="MooncakeConnectorV1")
+    with pytest.raises(RuntimeError, match="engine with a KV connector"):
+        SleepController(worker, TaggedPools()).sleep(1)
+    worker.vllm_config.kv_transfer_config = None
     controller = SleepController(worker, TaggedPools())
     with pytest.raises(ValueError, match="sleep level 3 .* allowed: 1, 2"):
         controller.sleep(3)

@@ -75,7 +75,12 @@ class SleepController:
             self.pools.register("weights", params)
         self.pools.register("kv_cache", [(f"kv_caches[{i}]", t) for i, t in enumerate(kv)])
 
-    def _check_graph_mode(self) -> None:
+    def _check_supported(self) -> None:
+        """Refuse, before freeing anything, what a sleep would leave pointing at freed memory."""
+        if getattr(self.worker.vllm_config, "kv_transfer_config", None) is not None:
+            raise RuntimeError("sleep mode cannot free the KV cache of an engine with a KV connector: the connector "
+                               "registered the cache's addresses, which a sleep changes. Run without "
+                               "--kv-transfer-config to use sleep mode.")
         chosen = next((r.chosen for r in self.worker.model_runner.kernel.records if r.family == "graph"), None)
         if chosen is not None and chosen not in ADDRESS_FREE_GRAPH_MODES:
             raise RuntimeError(
@@ -86,7 +91,7 @@ class SleepController:
         if level not in (1, 2):
             raise ValueError(f"sleep level {level!r} is not one a worker handles; allowed: 1, 2 "
                              "(level 0 only pauses the scheduler, in the engine core)")
-        self._check_graph_mode()
+        self._check_supported()
         self._register()
         freed = self.pools.discard("kv_cache")
         if level == 2:
