@@ -8,12 +8,19 @@ returns (the built-in plugin: tagged pools, docs/sleep_mode.md).
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from ascend_kernel.errors import PluginError
 
 
 class KernelSleepMixin:
+    def _maybe_get_memory_pool_context(self, tag: str) -> AbstractContextManager:
+        """No tagged allocation pool: the plugin frees storages by tag at sleep time. (vLLM's GPU worker asks for
+        CUDA's or XPU's sleep allocator here, around the weights' and the KV cache's allocation, and raises on
+        any other platform, an NPU's included, even without sleep mode.)"""
+        return nullcontext()
+
     def sleep(self, level: int = 1) -> None:
         _sleep_mode(self).sleep(level)
 

@@ -31,6 +31,7 @@ PROMPTS = ["The capital of France is", "Once upon a time, there was a little",
 def result(tiny_llama):
     proc = run_script(REPO / "tests/e2e/scripts/sleep_mode.py", [str(tiny_llama), json.dumps(PROMPTS)],
                       clean_env(ASCEND_KERNEL_DEVICE="cpu"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
