@@ -198,6 +198,10 @@ def test_controller_refuses_what_it_cannot_keep():
     worker.model_runner.kv_caches = []
     with pytest.raises(RuntimeError, match="no KV cache tensors"):
         controller.sleep(1)
+    worker.model_runner.kv_caches = [torch.frombuffer(bytearray(16), dtype=torch.float32)]  # not torch's to free
+    with pytest.raises(ValueError, match="cannot be resized"):
+        controller.sleep(1)
+    assert controller.pools.tags() == [] and model.embed.untyped_storage().nbytes() == 48  # all or nothing
 
 
 def test_the_provider_follows_the_device():

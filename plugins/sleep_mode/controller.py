@@ -67,13 +67,17 @@ class SleepController:
         if isinstance(drafter_model, torch.nn.Module):
             models.append(drafter_model)
         keep = list(self.worker.vllm_config.model_config.sleep_preserve_parameter_names or [])
-        for prefix, model in zip(("", "draft."), models):
-            params = [(prefix + n, p) for n, p in model.named_parameters()]
-            kept = [(n, p) for n, p in params if any(fnmatch.fnmatchcase(n, k) for k in keep)]
-            self.pools.register("weights", kept, preserve=True)
-            self.pools.register("weights", [(prefix + n, b) for n, b in model.named_buffers()], preserve=True)
-            self.pools.register("weights", params)
-        self.pools.register("kv_cache", [(f"kv_caches[{i}]", t) for i, t in enumerate(kv)])
+        try:
+            for prefix, model in zip(("", "draft."), models):
+                params = [(prefix + n, p) for n, p in model.named_parameters()]
+                kept = [(n, p) for n, p in params if any(fnmatch.fnmatchcase(n, k) for k in keep)]
+                self.pools.register("weights", kept, preserve=True)
+                self.pools.register("weights", [(prefix + n, b) for n, b in model.named_buffers()], preserve=True)
+                self.pools.register("weights", params)
+            self.pools.register("kv_cache", [(f"kv_caches[{i}]", t) for i, t in enumerate(kv)])
+        except ValueError:
+            self.pools.clear()  # all or nothing: a later sleep must not run on half of the tensors
+            raise
 
     def _check_supported(self) -> None:
         """Refuse, before freeing anything, what a sleep would leave pointing at freed memory."""

@@ -101,6 +101,13 @@ class TaggedPools:
         self._pools.setdefault(tag, _Pool()).entries.extend(new.values())
         return sum(e.nbytes for e in new.values())
 
+    def clear(self) -> None:
+        """Forget every registration (only while everything is resident: nothing is away to lose)."""
+        away = [t for t, p in self._pools.items() if p.state != RESIDENT]
+        if away:
+            raise ValueError(f"cannot clear the pools while tags {away} are not resident")
+        self._pools.clear()
+
     # -- the three operations ----------------------------------------------------
 
     def offload(self, tag: str) -> int:
