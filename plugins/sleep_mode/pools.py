@@ -191,7 +191,8 @@ class TaggedPools:
     def _pool(self, tag: str) -> _Pool:
         self._check_tag(tag)
         if tag not in self._pools:
-            raise ValueError(f"no tensors are registered under tag '{tag}' (registered: {', '.join(self._pools) or 'none'})")
+            registered = ", ".join(self._pools) or "none"
+            raise ValueError(f"no tensors are registered under tag '{tag}' (registered: {registered})")
         return self._pools[tag]
 
     def _check_tag(self, tag: str) -> None:
