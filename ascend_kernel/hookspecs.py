@@ -333,6 +333,28 @@ def ascend_kernel_rejection_samplers() -> "list[Implementation]":
 
 
 # ---------------------------------------------------------------------------
+# sleep mode
+# ---------------------------------------------------------------------------
+
+
+@hookspec
+def ascend_kernel_sleep_mode(worker: Any) -> Any:
+    """Give ``worker`` the object that carries out its sleep mode (not a family: the first answer is used).
+
+    A kernel worker's ``sleep(level)``, ``wake_up(tags)`` and
+    ``discard(tags)`` (vLLM's executor calls them for ``LLM.sleep``,
+    ``LLM.wake_up``, ``release_kv_cache_memory`` and the server's ``/sleep``
+    and ``/wake_up`` routes) call the same methods of the returned object. It
+    should return the same object for the same worker every time (it holds
+    what is asleep), or None to leave the worker to another plugin. Levels
+    and tags follow vLLM: level 1 frees the KV cache and moves the weights
+    off the device, level 2 frees both; tags are ``"weights"`` and
+    ``"kv_cache"``. The built-in ``sleep_mode`` plugin answers with tagged
+    pools of tensor storages (docs/sleep_mode.md).
+    """
+
+
+# ---------------------------------------------------------------------------
 # graph capture
 # ---------------------------------------------------------------------------
 

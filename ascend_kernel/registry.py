@@ -11,7 +11,7 @@ supplied it, and why every other candidate was passed over.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
 from ascend_kernel.errors import PluginError, SelectionError
@@ -99,25 +99,8 @@ class DecisionRecord:
     candidates: tuple[Candidate, ...] = field(default_factory=tuple)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "family": self.family,
-            "subject": self.subject,
-            "chosen": self.chosen,
-            "plugin": self.plugin,
-            "entry_point": self.entry_point,
-            "forced_by": self.forced_by,
-            "candidates": [
-                {
-                    "name": c.name,
-                    "plugin": c.plugin,
-                    "entry_point": c.entry_point,
-                    "priority": c.priority,
-                    "chosen": c.chosen,
-                    "reason": c.reason,
-                }
-                for c in self.candidates
-            ],
-        }
+        """Every field, the candidates as a list of their fields (JSON for the report and ``explain``)."""
+        return {**asdict(self), "candidates": [asdict(c) for c in self.candidates]}
 
 
 def check_unique_names(family: str, entries: Sequence[Implementation]) -> None:
@@ -216,13 +199,6 @@ def choose(
         candidates.append(
             Candidate(entry.name, entry.plugin, entry.entry_point, entry.priority, entry is chosen, reason)
         )
-    record = DecisionRecord(
-        family=family,
-        subject=subject,
-        chosen=chosen.name if chosen else None,
-        plugin=chosen.plugin if chosen else None,
-        entry_point=chosen.entry_point if chosen else None,
-        forced_by=forced_by,
-        candidates=tuple(candidates),
-    )
+    record = DecisionRecord(family, subject, chosen.name if chosen else None, chosen.plugin if chosen else None,
+                            chosen.entry_point if chosen else None, forced_by, tuple(candidates))
     return chosen, record

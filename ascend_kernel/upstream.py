@@ -132,6 +132,10 @@ NAMES: tuple[PrivateName, ...] = (
     PrivateName("vllm.v1.worker.gpu_model_runner:GPUModelRunner._dummy_run", "override",
                 "the idle step state around vLLM's dummy runs", "none",
                 overridden_by=("ascend_kernel.runner.kernel_runner:KernelRunnerMixin",)),
+    PrivateName("vllm.v1.worker.gpu_worker:Worker._maybe_get_memory_pool_context", "override",
+                "no CUDA/XPU sleep allocator around the weights' and KV cache's allocation: the sleep-mode plugin "
+                "frees storages by tag (vLLM's raises on an NPU)", "none", params=("self", "tag"),
+                overridden_by=("ascend_kernel.worker.sleep:KernelSleepMixin",)),
     PrivateName("vllm.v1.executor.ray_executor_v2:RayExecutorV2._init_executor", "override",
                 "Ray workers of the CPU platform (the worker-actor class during start-up)", "none",
                 params=("self",), overridden_by=("ascend_kernel.platform.ray_executor:KernelCpuRayExecutor",)),

@@ -36,6 +36,11 @@ class KernelPlatformMixin:
         kernel.resolve(vllm_config)
 
     @classmethod
+    def is_sleep_mode_available(cls) -> bool:
+        """Both kernel workers sleep through the ``ascend_kernel_sleep_mode`` hook (vLLM-CPU's would not)."""
+        return True
+
+    @classmethod
     def pre_register_and_update(cls, parser: Any = None) -> None:
         """vLLM's moment for names it must know before its config exists: the plugins register theirs."""
         kernel_mod.pre_register()

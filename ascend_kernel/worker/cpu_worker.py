@@ -8,9 +8,10 @@ from vllm.v1.worker.cpu_worker import CPUWorker
 
 from ascend_kernel.worker.dummy_batch import KernelDummyBatchMixin
 from ascend_kernel.worker.report import KernelReportMixin
+from ascend_kernel.worker.sleep import KernelSleepMixin
 
 
-class KernelCPUWorker(KernelDummyBatchMixin, KernelReportMixin, CPUWorker):
+class KernelCPUWorker(KernelSleepMixin, KernelDummyBatchMixin, KernelReportMixin, CPUWorker):
     def init_device(self) -> None:
         # vLLM's CPUWorker binds threads, starts the distributed group and builds
         # its runner; the kernel runner then replaces that runner (its __init__

@@ -14,9 +14,10 @@ from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environmen
 from ascend_kernel.device import Device
 from ascend_kernel.worker.dummy_batch import KernelDummyBatchMixin
 from ascend_kernel.worker.report import KernelReportMixin
+from ascend_kernel.worker.sleep import KernelSleepMixin
 
 
-class KernelNPUWorker(KernelDummyBatchMixin, KernelReportMixin, Worker):
+class KernelNPUWorker(KernelSleepMixin, KernelDummyBatchMixin, KernelReportMixin, Worker):
     def init_device(self) -> None:
         from vllm.platforms import current_platform
 

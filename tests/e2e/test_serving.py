@@ -38,11 +38,11 @@ SERVE_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
 _running: list[LocalServer] = []
 
 
-def start_server(model: Path, log_path: Path, *extra: str, eager: bool = True) -> LocalServer:
+def start_server(model: Path, log_path: Path, *extra: str, eager: bool = True, **env_extra: str) -> LocalServer:
     for server in _running:  # one engine at a time on this host
         server.stop()
     _running.clear()
-    env = clean_env(VLLM_CPU_KVCACHE_SPACE="1")
+    env = clean_env(VLLM_CPU_KVCACHE_SPACE="1", **env_extra)
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's AsyncLLM always runs its engine core apart
     args = SERVE_ARGS if eager else [a for a in SERVE_ARGS if a != "--enforce-eager"]
     server = LocalServer([*CLI, "serve", str(model), *args, "--api-key", API_KEY, *extra], env, log_path,
@@ -60,7 +60,9 @@ def offline(tiny_llama) -> dict[str, list[int]]:
 
 @pytest.fixture(scope="module")
 def server(tiny_llama, offline, tmp_path_factory) -> Any:
-    server = start_server(tiny_llama, tmp_path_factory.mktemp("serve") / "server.log")
+    # sleep mode on, and vLLM's dev routes (/sleep, /wake_up, /is_sleeping, /collective_rpc) for its test
+    server = start_server(tiny_llama, tmp_path_factory.mktemp("serve") / "server.log", "--enable-sleep-mode",
+                          VLLM_SERVER_DEV_MODE="1")
     yield server
     server.stop()
 
@@ -230,6 +232,44 @@ def test_startup_log_says_once_that_the_kernel_is_active_and_what_it_chose(serve
         assert "plugin " in lines[0]
     assert "ascend-kernel KV cache: FullAttentionSpec -> standard" in log
     assert f"the kernel's live report: GET {REPORT_PATH}" in log
+
+
+def test_sleep_and_wake_up_routes_free_the_engines_memory_and_give_the_same_tokens(server, tiny_llama, offline):
+    """Level 1, then level 2 with vLLM's ``reload_weights`` RPC, through the routes; the engine core's RSS falls
+    by at least the KV cache while asleep (the core is the server's child process holding the most memory)."""
+    import psutil
+
+    def core_rss() -> int:
+        return max(p.memory_info().rss for p in psutil.Process(server.process.pid).children(recursive=True))
+
+    def post(path: str, body: bytes | None = None) -> dict[str, Any]:
+        status, text = http(server, "POST", path, body)
+        assert status == 200, (path, status, text[:500])
+        return json.loads(text)
+
+    def sleeping() -> bool:
+        return json.loads(http(server, "GET", "/is_sleeping")[1])["is_sleeping"]
+
+    def same_tokens() -> None:
+        answers = asyncio.run(complete_all(server, str(tiny_llama), PROMPTS[:4]))
+        assert [a.choices[0].token_ids for a in answers] == [offline[p]["tokens"] for p in PROMPTS[:4]]
+
+    kv_bytes = json.loads(http(server, "GET", REPORT_PATH)[1])["kv_cache"]["allocated_bytes"]
+    awake = core_rss()
+    assert post("/sleep?level=1") == {"status": "sleeping", "level": 1} and sleeping()
+    asleep = core_rss()
+    assert awake - asleep >= kv_bytes, (awake, asleep, kv_bytes)
+    assert post("/wake_up")["status"] == "awake" and not sleeping()
+    same_tokens()
+    awake = core_rss()
+    assert post("/sleep?level=2") == {"status": "sleeping", "level": 2}
+    assert awake - core_rss() >= kv_bytes
+    assert post("/wake_up?tags=weights")["status"] == "sleeping"  # the KV cache is still away
+    post("/collective_rpc", json.dumps({"method": "reload_weights"}).encode())
+    assert post("/wake_up?tags=kv_cache")["status"] == "awake" and not sleeping()
+    same_tokens()
+    print(f"engine core RSS {awake / 2**20:.0f} MiB awake, {asleep / 2**20:.0f} MiB asleep (level 1); "
+          f"KV cache {kv_bytes / 2**20:.0f} MiB")
 
 
 # -- a real model: chat ---------------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""Sleep mode: a worker's memory freed by tag (weights, KV cache) and given back, through tagged pools."""
