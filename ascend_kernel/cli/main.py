@@ -207,11 +207,32 @@ def _engine_request(args: argparse.Namespace, kernel: bool):
         kernel_mod.pre_register()
     extra = engine_args.check(given, engine_args.keyword_types())
     enforce_eager = _graph_request(args, extra, kernel)
+    if kernel:
+        _eplb_request(extra)
     if kernel:  # the kernel's own section of additional_config, before vLLM sees it
         load_settings(extra.get("additional_config"))
     dtype = extra.pop("dtype")
     return EngineRequest(model=args.model, kernel=kernel, dtype=dtype, max_model_len=args.max_model_len,
                          seed=args.seed, enforce_eager=enforce_eager, extra=extra)
+
+
+def _eplb_request(extra: dict[str, Any]) -> None:
+    """``enable_eplb`` / ``eplb_config`` engine arguments into the EPLB plugin's settings, not vLLM's.
+
+    vLLM's ParallelConfig refuses EPLB unless the platform is CUDA-alike or
+    XPU, before any platform hook can speak; the EPLB plugin sets both fields
+    on vLLM's config itself, as recorded config changes (plugins/eplb/admission.py).
+    """
+    if "enable_eplb" not in extra and "eplb_config" not in extra:
+        return
+    section = extra.setdefault("additional_config", {}).setdefault("ascend_kernel", {})
+    if "enable_eplb" in extra:
+        section["enable_eplb"] = bool(extra.pop("enable_eplb"))
+    if "eplb_config" in extra:
+        config = extra.pop("eplb_config")
+        if not isinstance(config, dict):  # vLLM's EPLBConfig: its fields as given
+            config = {k: v for k, v in vars(config).items() if not k.startswith("_")}
+        section["eplb_config"] = config
 
 
 #: a checkpoint file that marks an msModelSlim-quantized model (its int8 layers want bfloat16 activations)
