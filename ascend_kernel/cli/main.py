@@ -216,6 +216,17 @@ def _engine_request(args: argparse.Namespace, kernel: bool):
                          seed=args.seed, enforce_eager=enforce_eager, extra=extra)
 
 
+def _token_ids(text: str) -> list[int]:
+    """``--prompt-ids 263,263,263``: one prompt's token ids."""
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated token ids (e.g. 263,263,263) expected") from None
+    if not ids or min(ids) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: at least one token id, none negative")
+    return ids
+
+
 def _eplb_request(extra: dict[str, Any]) -> None:
     """``enable_eplb`` / ``eplb_config`` engine arguments into the EPLB plugin's settings, not vLLM's.
 
@@ -333,6 +344,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     device = engine.prepare_process(kernel=not args.stock)
     # plain prompts first, then the --chat messages (each through the chat template)
     prompts = [(p, False) for p in args.prompt or ()] + [(m, True) for m in args.chat or ()]
+    prompts += [(ids, None) for ids in args.prompt_ids or ()]  # token ids as given: no BOS, no template
     prompts = prompts or [(p, False) for p in DEFAULT_PROMPTS]
     with _engine_output_to_stderr():
         from vllm import SamplingParams
@@ -343,7 +355,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                 structured_outputs=_structured_outputs(args))
         llm = engine.build_llm(request)
         try:
-            inputs = [_chat_prompt(llm, p) if chat else p for p, chat in prompts]
+            from vllm.inputs import TokensPrompt
+
+            inputs = [_chat_prompt(llm, p) if chat else TokensPrompt(prompt_token_ids=p) if chat is None else p
+                      for p, chat in prompts]
             outputs = llm.generate(inputs, params)
             report = engine.kernel_report(llm)
             spec_decode = engine.spec_decode_counts(llm)
@@ -604,6 +619,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("generate", cmd_generate, "greedy offline generation through vLLM with the kernel")
     _add_engine_args(p)
     p.add_argument("--prompt", action="append", help="prompt (repeatable); two defaults without --prompt and --chat")
+    p.add_argument("--prompt-ids", action="append", type=_token_ids, metavar="ID,ID,...",
+                   help="a prompt given as token ids, sent as they are (no BOS, no template; repeatable; after --chat)")
     p.add_argument("--chat", action="append", metavar="MESSAGE",
                    help="a user message, sent through the tokenizer's chat template (repeatable; after the --prompt "
                    "prompts)")

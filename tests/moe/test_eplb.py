@@ -150,3 +150,24 @@ def test_prepacked_experts_move_row_by_row():
     isa = moe_cpu._isa(w.dtype)
     whole = moe_cpu._prepack(w, isa)
     assert torch.equal(whole, torch.cat([moe_cpu._prepack(w[i:i + 1], isa) for i in range(3)]))
+
+
+def _config(ep: bool = True, tp: int = 2, experts: int = 4):
+    parallel = SimpleNamespace(enable_expert_parallel=ep, tensor_parallel_size=tp, data_parallel_size=1,
+                               prefill_context_parallel_size=1)
+    return SimpleNamespace(parallel_config=parallel,
+                           model_config=SimpleNamespace(model="m", get_num_experts=lambda: experts))
+
+
+@pytest.mark.parametrize("config, redundant, message", [
+    (_config(ep=False), 0, "enable_expert_parallel=True"),
+    (_config(tp=1), 0, "at least 2 ranks"),
+    (_config(experts=0), 0, "no routed experts"),
+    (_config(), 1, "5 is not a multiple of 2"),
+])
+def test_deployments_eplb_cannot_run_are_refused(config, redundant, message):
+    from ascend_kernel_plugins.eplb.admission import check_deployment
+
+    with pytest.raises(KernelError, match=message):
+        check_deployment(config, redundant)
+    check_deployment(_config(), 2)  # 6 physical experts on 2 ranks: runs
