@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=24, help="tokens generated per prompt and round")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--step-interval", type=int, default=8)
+    parser.add_argument("--step-interval", type=int, default=32)
     parser.add_argument("--window", type=int, default=8)
     args = parser.parse_args(argv)
     if args.engine_spec:
