@@ -24,6 +24,7 @@ read. What differs:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -65,6 +66,11 @@ class HostStream:
 def host_stream(device: Any = None) -> HostStream:
     """``torch.accelerator.current_stream`` on a CPU device (vLLM's gloo communicator syncs it before sending)."""
     return HostStream()
+
+
+def cpu_standins() -> Any:
+    """``torch.Event`` and ``torch.accelerator.current_stream`` as host stand-ins, for one block (restored after)."""
+    return attributes_swapped((torch, "Event", HostEvent), (torch.accelerator, "current_stream", host_stream))
 
 
 def rank_imbalance(load: torch.Tensor, ranks: int) -> float | None:
@@ -125,11 +131,7 @@ class KernelEplbState(EplbState):
             super().step(is_dummy, is_profile, log_stats)
 
     def _events(self) -> Any:
-        import contextlib
-
-        if self.device.type != "cpu":
-            return contextlib.nullcontext()
-        return attributes_swapped((torch, "Event", HostEvent), (torch.accelerator, "current_stream", host_stream))
+        return cpu_standins() if self.device.type == "cpu" else contextlib.nullcontext()
 
     def rearrange(self, is_profile: bool = False, rank_mapping: dict[int, int] | None = None,
                   use_last_expert_load: bool = False) -> torch.Tensor | None:

@@ -67,7 +67,7 @@ def test_eplb_rearranges_and_tokens_equal_transformers(model, oracle, scenario, 
     changed = {c["path"]: c for c in report["config_changes"]}
     assert changed["parallel_config.enable_eplb"]["new"] == "True"
     assert changed["parallel_config.eplb_config.use_async"]["new"] == "False"
-    assert changed["parallel_config.eplb_config.communicator"]["new"] == "'torch_gloo'"
+    assert changed["parallel_config.eplb_config.communicator"]["new"] == "torch_gloo"
     policy = eplb_config.get("policy", "default")
     decision = next(d for d in report["decisions"] if d["family"] == "eplb_policy")
     assert decision["chosen"] == policy
