@@ -91,8 +91,9 @@ def test_eplb_rearranges_and_tokens_equal_transformers(model, oracle, scenario, 
     assert [e["map"] for e in objects[0]["history"]] == [e["map"] for e in objects[1]["history"]]
     first = objects[0]
     # the policy moved weights, or the starting placement was already as balanced as it could make it
-    assert first["moved_experts"] > 0 or first["imbalance_after_projected"] == first["imbalance_before"], first
-    assert first["imbalance_after_projected"] <= first["imbalance_before"] + 1e-9, first
+    assert first["moved_experts"] > 0 or first["imbalance_before"] == pytest.approx(1.0), first
+    if policy == "swap-limited":  # it only takes swaps that lower the hottest rank's load (no replicas to split)
+        assert first["imbalance_after_projected"] <= first["imbalance_before"] + 1e-9, first
     recorded = json.loads(record.read_text())
     assert recorded["physical_to_logical"] == objects[0]["history"][-1]["map"]
     assert recorded["ep_size"] == 2
