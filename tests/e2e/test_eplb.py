@@ -90,8 +90,8 @@ def test_eplb_rearranges_and_tokens_equal_transformers(model, oracle, scenario, 
     # the ranks agree on every placement (vLLM's EplbState runs the policy on the all-reduced load)
     assert [e["map"] for e in objects[0]["history"]] == [e["map"] for e in objects[1]["history"]]
     first = objects[0]
-    # the policy moved weights, or the starting placement was already as balanced as it could make it
-    assert first["moved_experts"] > 0 or first["imbalance_before"] == pytest.approx(1.0), first
+    if policy == "default":  # vLLM's policy replicates the hot experts: weights really moved mid-run
+        assert first["moved_experts"] > 0, first
     if policy == "swap-limited":  # it only takes swaps that lower the hottest rank's load (no replicas to split)
         assert first["imbalance_after_projected"] <= first["imbalance_before"] + 1e-9, first
     recorded = json.loads(record.read_text())
