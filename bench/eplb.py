@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--step-interval", type=int, default=32)
     parser.add_argument("--window", type=int, default=8)
+    parser.add_argument("--static-first", action="store_true", help="start the engine without EPLB first")
     args = parser.parse_args(argv)
     if args.engine_spec:
         engine_main(json.loads(args.engine_spec))
@@ -103,9 +104,12 @@ def main(argv: list[str] | None = None) -> int:
                 "prompt_len": args.prompt_len,
                 "eplb_config": {"window_size": args.window, "step_interval": args.step_interval,
                                 "num_redundant_experts": args.redundant, "policy": args.policy}}
-        with_eplb = run_engine({**spec, "eplb": True}, where)
-        static = run_engine({**spec, "eplb": False}, where)
-        logs = "kept in a temporary directory (removed)"
+        if args.static_first:  # the order of the two engines, to see its effect on the step times
+            static = run_engine({**spec, "eplb": False}, where)
+            with_eplb = run_engine({**spec, "eplb": True}, where)
+        else:
+            with_eplb = run_engine({**spec, "eplb": True}, where)
+            static = run_engine({**spec, "eplb": False}, where)
     if with_eplb["tokens"] != static["tokens"]:
         raise SystemExit("EPLB changed the greedy tokens")
     rank0 = with_eplb["eplb"][0]
@@ -116,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         "imbalance_before": rank0["imbalance_before"], "imbalance_after": rank0["imbalance_after"],
         "imbalance_after_projected": rank0["imbalance_after_projected"],
         "step_ms_eplb": eplb_ms, "step_ms_static": static_ms, "step_ratio": static_ms / eplb_ms,
-        "rebalance_ms_per_layer": rank0["rebalance_ms_per_layer"], "tokens_equal": True, "logs": logs,
+        "rebalance_ms_per_layer": rank0["rebalance_ms_per_layer"], "tokens_equal": True,
+        "order": "static, eplb" if args.static_first else "eplb, static",
     }
     if args.json:
         print(json.dumps(result, indent=1))
