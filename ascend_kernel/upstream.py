@@ -101,6 +101,11 @@ NAMES: tuple[PrivateName, ...] = (
     PrivateName("vllm.v1.worker.gpu_model_runner:GPUModelRunner._moe_model", "accessor",
                 "the EPLB plugin gives the CPU runner the MixtureOfExperts model its eplb_step asserts (vLLM's CPU "
                 "load_model never sets it)", "none: only GPUModelRunner.load_model sets it", instance_attribute=True),
+    PrivateName("vllm.lora.punica_wrapper.punica_base:PunicaWrapperBase._token_lora_indices", "accessor",
+                "the kernel's punica wrapper reads each row's adapter slot from this buffer (refreshed in place every "
+                "step), cut to the rows of the call, so a traced graph reads the step's indices by address",
+                "PunicaWrapperBase.token_lora_indices (cut by a host count a traced graph would keep)",
+                instance_attribute=True),
     PrivateName("vllm.distributed.kv_transfer.kv_connector.v1.base:KVConnectorBase_V1._vllm_config", "accessor",
                 "the connector's config (bootstrap address, kv_role) in the kernel's Mooncake connector", "none",
                 instance_attribute=True),
@@ -149,27 +154,33 @@ NAMES: tuple[PrivateName, ...] = (
                 params=("self", "pull_metas", "req_ids", "reason"),
                 overridden_by=("ascend_kernel_plugins.kv_transfer.mooncake:KernelMooncakeWorker",)),
     PrivateName("vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU._shrink_prefill", "override",
-                "LoRA rows without an adapter (index -1) keep the base output (vLLM's torch ops read slot -1)",
+                "the LoRA products on the ops seam: rows without an adapter (index -1) keep the base output (vLLM's "
+                "torch ops read slot -1)",
                 "none: the CPU wrapper's public methods call these", params=("self", "y", "x", "w_t_all", "scale"), 
                 overridden_by=("ascend_kernel.ops.lora_punica:KernelPunicaWrapper",)),
     PrivateName("vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU._shrink_decode", "override",
-                "LoRA rows without an adapter (index -1) keep the base output (vLLM's torch ops read slot -1)",
+                "the LoRA products on the ops seam: rows without an adapter (index -1) keep the base output (vLLM's "
+                "torch ops read slot -1)",
                 "none: the CPU wrapper's public methods call these", params=("self", "y", "x", "w_t_all", "scale"), 
                 overridden_by=("ascend_kernel.ops.lora_punica:KernelPunicaWrapper",)),
     PrivateName("vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU._expand_prefill", "override",
-                "LoRA rows without an adapter (index -1) keep the base output (vLLM's torch ops read slot -1)",
+                "the LoRA products on the ops seam: rows without an adapter (index -1) keep the base output (vLLM's "
+                "torch ops read slot -1)",
                 "none: the CPU wrapper's public methods call these", params=("self", "y", "x", "w_t_all", "add_inputs"), 
                 overridden_by=("ascend_kernel.ops.lora_punica:KernelPunicaWrapper",)),
     PrivateName("vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU._expand_decode", "override",
-                "LoRA rows without an adapter (index -1) keep the base output (vLLM's torch ops read slot -1)",
+                "the LoRA products on the ops seam: rows without an adapter (index -1) keep the base output (vLLM's "
+                "torch ops read slot -1)",
                 "none: the CPU wrapper's public methods call these", params=("self", "y", "x", "w_t_all", "add_inputs"), 
                 overridden_by=("ascend_kernel.ops.lora_punica:KernelPunicaWrapper",)),
     PrivateName("vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU._expand_slice_prefill", "override",
-                "LoRA rows without an adapter (index -1) keep the base output (vLLM's torch ops read slot -1)",
+                "the LoRA products on the ops seam: rows without an adapter (index -1) keep the base output (vLLM's "
+                "torch ops read slot -1)",
                 "none: the CPU wrapper's public methods call these", 
                 overridden_by=("ascend_kernel.ops.lora_punica:KernelPunicaWrapper",)),
     PrivateName("vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU._expand_slice_decode", "override",
-                "LoRA rows without an adapter (index -1) keep the base output (vLLM's torch ops read slot -1)",
+                "the LoRA products on the ops seam: rows without an adapter (index -1) keep the base output (vLLM's "
+                "torch ops read slot -1)",
                 "none: the CPU wrapper's public methods call these", 
                 overridden_by=("ascend_kernel.ops.lora_punica:KernelPunicaWrapper",)),
     # -- texts ------------------------------------------------------------------------------------------
@@ -281,6 +292,11 @@ def capture_cudagraphs(runner: Any, descriptors: Any, runtime_mode: Any) -> Any:
 
 def mooncake_blocks_per_logical_block(worker: Any) -> int:
     return worker._physical_blocks_per_logical_kv_block
+
+
+def lora_token_indices(wrapper: Any) -> torch.Tensor:
+    """The punica wrapper's per-token slot buffer (``-1``: no adapter), all of it."""
+    return wrapper._token_lora_indices
 
 
 def connector_vllm_config(connector: Any) -> Any:

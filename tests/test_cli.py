@@ -135,9 +135,18 @@ def test_engine_arg_of_the_wrong_type_is_refused_before_the_engine(model_dir):
     (["--additional-config", "5"], ["argument --additional-config: '5' is a number", "JSON object"]),
     (["--engine-arg", "max_num_seqs"], ["argument --engine-arg: 'max_num_seqs' must look like KEY=VALUE"]),
     (["--prompt"], ["argument --prompt: expected one argument"]),
+    (["--lora", "adapter-dir"], ["argument --lora: 'adapter-dir': give NAME=PATH"]),
+    (["--lora", "a=/no/such/adapter"], ["argument --lora: 'a=/no/such/adapter'", "not a PEFT adapter directory"]),
 ])
 def test_bad_flag_value_names_flag_value_and_allowed(model_dir, argv, needles):
     error_line(cli("generate", "--model", model_dir, *argv), *needles, "(see: ascend-kernel generate --help)")
+
+
+def test_lora_adapters_need_names_of_their_own(model_dir, tmp_path):
+    (tmp_path / "adapter_config.json").write_text("{}")
+    proc = cli("generate", "--model", model_dir, "--lora", f"a={tmp_path}", "--lora", f"a={tmp_path}")
+    error_line(proc, "--lora names ['a', 'a']: each adapter needs a name of its own", alone=False)
+    assert "Resolved architecture" not in proc.stderr  # refused before vLLM read the model
 
 
 def test_model_that_is_missing_or_no_model(tmp_path):

@@ -164,6 +164,20 @@ def test_from_context_reads_every_fact():
     assert p.select(32, False).name == MC2 and p.select(33, False).name == ALLTOALL
 
 
+def test_int4_experts_in_the_checkpoint_send_a2_expert_parallelism_to_all_to_all():
+    """The checkpoint's own types decide (msModelSlim's W4A8_DYNAMIC experts), not only the model config's flag."""
+    from ascend_kernel_plugins.quantization.ascend_format import AscendQuantConfig
+    from ascend_kernel_plugins.quantization.description import Description
+
+    expert = "model.layers.0.mlp.experts.0.down_proj.weight"
+    for kind, want in (("W4A8_DYNAMIC", ALLTOALL), ("W8A8_DYNAMIC", ALLGATHER)):
+        config = vllm_config()
+        config.quant_config = AscendQuantConfig(Description({expert: kind, "model.embed_tokens.weight": "FLOAT"}))
+        p = AscendMoECommPolicy.from_context(ctx(config))
+        assert p.w4a8 == (kind == "W4A8_DYNAMIC")
+        assert p.select(CAP + 1, False).name == want
+
+
 def test_from_context_pangu_and_dense():
     p = AscendMoECommPolicy.from_context(ctx(vllm_config(model_type="PanguProMoE"), soc="A3"))
     assert p.allgather_only and p.select(1, False).name == ALLGATHER

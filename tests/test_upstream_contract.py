@@ -23,8 +23,9 @@ versions it was checked on, the public alternative). Here:
   6. ``self._y`` read in a subclass of a vLLM/torch class where the
      project never sets ``_y`` (vLLM's instance attributes).
 
-  Exempt (:data:`EXEMPT_OBJECTS`): torch_npu's ``_npu_*`` kernels, which are
-  the vendor library's documented entry points, not vLLM/torch names.
+  Exempt (:data:`EXEMPT_OBJECTS`, :data:`EXEMPT_ATTRIBUTES`): torch_npu's
+  ``_npu_*`` kernels and vLLM-Ascend's ``torch.ops._C_ascend`` namespace, the
+  vendor libraries' documented entry points, not vLLM/torch names.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ CONTRACT = ROOT / "ascend_kernel" / "upstream.py"
 UPSTREAM_ROOTS = ("torch", "vllm")
 #: objects whose private-looking attributes are not vLLM's or torch's (source text of the object)
 EXEMPT_OBJECTS = {"self._npu", "_torch_npu()", "getattr(_torch_npu(), '_C', None)"}
+#: private-looking attribute names that are not vLLM's or torch's: vLLM-Ascend's op namespace (its LoRA kernels,
+#: ascend_kernel/ops/lora_npu.py), the vendor extension's documented entry points as torch_npu's ``_npu_*`` are
+EXEMPT_ATTRIBUTES = {"_C_ascend"}
 #: kernel mixins with no vLLM base in their own bases, and the vLLM class they are mixed into
 MIXED_INTO = {"KernelRunnerMixin": "vllm.v1.worker.gpu_model_runner:GPUModelRunner"}
 
@@ -227,7 +231,7 @@ class _Scanner(ast.NodeVisitor):
     def _check_attribute(self, node: ast.Attribute) -> None:
         base = node.value
         text = ast.unparse(base)
-        if text in EXEMPT_OBJECTS:
+        if text in EXEMPT_OBJECTS or node.attr in EXEMPT_ATTRIBUTES:
             return
         if isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "super":
             cls = self.classes[-1][0].name if self.classes else "?"

@@ -201,6 +201,9 @@ def _engine_request(args: argparse.Namespace, kernel: bool):
             given[key] = engine_args.Given(f"{flag} {json.dumps(value)!r}", value)
     for key, text in args.engine_arg or []:
         given[key] = engine_args.Given(f"--engine-arg {key}={text!r}", engine_args.decode(text), text)
+    if getattr(args, "lora", None):  # a slot per adapter, so base and every adapter share each batch
+        given.setdefault("enable_lora", engine_args.Given("--lora", True))
+        given.setdefault("max_loras", engine_args.Given("--lora", len(args.lora)))
     if kernel:  # names the plugins register with vLLM (--quantization ascend) before vLLM's types are read
         from ascend_kernel import kernel as kernel_mod
 
@@ -353,13 +356,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 seed=args.sampling_seed, max_tokens=args.max_tokens, ignore_eos=not args.stop_at_eos,
                                 structured_outputs=_structured_outputs(args))
+        adapters = _lora_requests(args.lora or [])
         llm = engine.build_llm(request)
         try:
             from vllm.inputs import TokensPrompt
 
             inputs = [_chat_prompt(llm, p) if chat else TokensPrompt(prompt_token_ids=p) if chat is None else p
                       for p, chat in prompts]
-            outputs = llm.generate(inputs, params)
+            runs = [(None, None)] + adapters  # every prompt without an adapter, then with each adapter
+            outputs = llm.generate([i for _ in runs for i in inputs], params,
+                                   lora_request=[r for _, r in runs for _ in inputs] if adapters else None)
             report = engine.kernel_report(llm)
             spec_decode = engine.spec_decode_counts(llm)
         finally:
@@ -367,17 +373,37 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # num_cached_tokens: prompt tokens served from the prefix cache (0 without a hit)
     results = [{"prompt": p, "chat": chat, "prompt_token_ids": list(o.prompt_token_ids),
                 "token_ids": list(o.outputs[0].token_ids), "text": o.outputs[0].text,
-                "num_cached_tokens": int(o.num_cached_tokens or 0)}
-               for (p, chat), o in zip(prompts, outputs)]
+                "num_cached_tokens": int(o.num_cached_tokens or 0), **({"lora": name} if adapters else {})}
+               for (name, _), (p, chat), o in zip([r for r in runs for _ in prompts], prompts * len(runs), outputs)]
     text = _report_text(report) + "\n\n" + "\n".join(
-        f"{'chat' if r['chat'] else 'prompt'}: {r['prompt']!r}\n  tokens: {r['token_ids']}\n  text:   {r['text']!r}"
-        for r in results)
+        f"{'chat' if r['chat'] else 'prompt'}: {r['prompt']!r}" + (f" (LoRA {r['lora']})" if r.get("lora") else "")
+        + f"\n  tokens: {r['token_ids']}\n  text:   {r['text']!r}" for r in results)
     payload = {"device": device, "outputs": results, "report": report}
     if spec_decode is not None:
         payload["spec_decode"] = spec_decode
         text += "\n\nspec decode: " + ", ".join(f"{k} {v}" for k, v in spec_decode.items())
     _emit(args, payload, text)
     return 0
+
+
+def _lora_requests(adapters: list[tuple[str, str]]) -> list[tuple[str, Any]]:
+    """(name, vLLM ``LoRARequest``) per ``--lora NAME=PATH``; LoRA ids count from 1 (0 is "no adapter")."""
+    from vllm.lora.request import LoRARequest
+
+    names = [name for name, _ in adapters]
+    if len(set(names)) != len(names):
+        raise UsageError(f"--lora names {names}: each adapter needs a name of its own")
+    return [(name, LoRARequest(name, i, path)) for i, (name, path) in enumerate(adapters, start=1)]
+
+
+def _lora_module(text: str) -> tuple[str, str]:
+    """``NAME=PATH`` of a PEFT adapter directory (as ``serve --lora-modules`` takes them)."""
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"{text!r}: give NAME=PATH (a name for the adapter, then its directory)")
+    if not (Path(path) / "adapter_config.json").is_file():
+        raise argparse.ArgumentTypeError(f"{text!r}: {path} is not a PEFT adapter directory (no adapter_config.json)")
+    return name, path
 
 
 def _structured_outputs(args: argparse.Namespace) -> Any:
@@ -635,6 +661,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sampling-seed", type=_SEED, default=None,
                    help="per-request sampling seed (vLLM's SamplingParams.seed), for reproducible random sampling")
     p.add_argument("--stock", action="store_true", help="run stock vLLM without the kernel (for comparison)")
+    p.add_argument("--lora", action="append", metavar="NAME=PATH", type=_lora_module,
+                   help="a PEFT LoRA adapter (repeatable): every prompt runs without an adapter and then with each "
+                   "adapter, all in one batch (turns LoRA on, one slot per adapter unless --engine-arg max_loras=N)")
     constraint = p.add_mutually_exclusive_group()  # structured outputs: one constraint for every prompt
     constraint.add_argument("--json-schema", metavar="FILE",
                             help="answers are JSON valid under the schema in FILE (vLLM structured outputs; compact "

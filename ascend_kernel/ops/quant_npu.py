@@ -49,17 +49,35 @@ class TorchNpuQuantOps:
 
     @seam_op("grouped_quant_matmul", GROUPED_QUANT_MATMUL_SCHEMA, grouped_quant_matmul_fake)
     def grouped_quant_matmul(self, rows: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                             row_scale: torch.Tensor, counts: torch.Tensor,
+                             row_scale: torch.Tensor, counts: torch.Tensor, bias: torch.Tensor | None,
                              output_dtype: torch.dtype) -> torch.Tensor:
         num_rows = rows.shape[0]
         if num_rows == 0 or weight.shape[0] == 0:  # the kernel rejects empty inputs
-            return rows.new_zeros(num_rows, weight.shape[-1], dtype=output_dtype)
+            return rows.new_zeros(num_rows, weight_scale.shape[-1], dtype=output_dtype)
         # the kernel needs the groups to cover every row (as in grouped_matmul): rows past them become zero rows of
         # the last group (a zero row gives a zero output), and the groups go as running sums (group_list_type 0)
         ends = torch.cumsum(counts.to(device=rows.device, dtype=torch.int64), 0)
         rows = rows.masked_fill((torch.arange(num_rows, device=rows.device) >= ends[-1]).unsqueeze(1), 0)
         ends = torch.cat([ends[:-1], ends.new_full((1,), num_rows)])
-        return self._npu.npu_grouped_matmul([rows], [weight], scale=[weight_scale.to(torch.float32)],
+        if weight_scale.dtype != torch.int64:  # int4 experts come with their scales packed (int4_experts)
+            weight_scale = weight_scale.to(torch.float32)
+        return self._npu.npu_grouped_matmul([rows], [weight], scale=[weight_scale],
+                                            bias=None if bias is None else [bias.to(torch.float32)],
                                             per_token_scale=[row_scale.to(torch.float32)], group_list=ends,
                                             split_item=2, group_type=0, group_list_type=0,
                                             output_dtype=output_dtype)[0]
+
+    def int4_experts(self, values: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """int4 expert weights [E, K, N] in the device's form: packed int4, int64 scales, and the kernel's bias.
+
+        The int4 grouped matmul takes the weight packed eight values to an
+        int32 (``npu_convert_weight_to_int4pack``), per-channel scales as
+        float32 bits in int64 (``npu_trans_quant_param``), and a bias of
+        ``8 * sum_k(w * scale)`` per output channel that its int4 arithmetic
+        needs (the correction msModelSlim writes as ``scale_bias``).
+        """
+        packed = torch.stack([self._npu.npu_convert_weight_to_int4pack(w.to(torch.int32)) for w in values])
+        scale32 = scale.to(torch.float32)
+        packed_scale = torch.stack([self._npu.npu_trans_quant_param(s, None) for s in scale32])
+        bias = 8 * (values.to(torch.float32) * scale32.unsqueeze(1)).sum(dim=1)
+        return packed, packed_scale, bias

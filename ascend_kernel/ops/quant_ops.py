@@ -23,10 +23,14 @@ against a float64 evaluation of the same formulas.
   in float32, cast to ``output_dtype``. An int64 ``scale`` is the packed form
   ``npu_trans_quant_param`` makes (float32 bits in the low 32 bits, of which the
   device keeps the top 19: sign, exponent and 10 mantissa bits).
-* ``grouped_quant_matmul(rows int8 [R, K], w [E, K, N] int8, w_scale [E, N], row_scale [R], counts [E], output_dtype)``:
-  the experts' int8 matmul: rows in consecutive groups, group ``e`` times
-  ``w[e]``, dequantized by ``w_scale[e] * row_scale``; rows past the groups give
-  zeros (``npu_grouped_matmul`` with per-channel and per-token scales).
+* ``grouped_quant_matmul(rows int8 [R, K], w [E, K, N], w_scale [E, N], row_scale [R], counts [E], bias [E, N]?,
+  output_dtype)``: the experts' quantized matmul: rows in consecutive groups,
+  group ``e`` times ``w[e]``, ``(acc * w_scale[e] + bias[e]) * row_scale``;
+  rows past the groups give zeros (``npu_grouped_matmul`` with per-channel and
+  per-token scales). ``w`` is int8, or for int4 experts whatever the
+  provider's :meth:`int4_experts` made of the int4 values (the reference keeps
+  them as int8 in [-8, 7] and needs no bias; the device packs them and passes
+  the correction its int4 kernel needs as ``bias``).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ DYNAMIC_QUANT_SCHEMA = "Tensor x) -> (Tensor, Tensor)"
 QUANT_MATMUL_SCHEMA = ("Tensor x_q, Tensor weight, Tensor scale, Tensor? pertoken_scale, Tensor? bias, "
                        "ScalarType output_dtype) -> Tensor")
 GROUPED_QUANT_MATMUL_SCHEMA = ("Tensor rows, Tensor weight, Tensor weight_scale, Tensor row_scale, Tensor counts, "
-                               "ScalarType output_dtype) -> Tensor")
+                               "Tensor? bias, ScalarType output_dtype) -> Tensor")
 
 #: what the device keeps of a packed float32 scale (``npu_trans_quant_param``): 19 high bits
 PACKED_SCALE_MASK = 0xFFFFE000
@@ -59,9 +63,9 @@ def quant_matmul_fake(x_q: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
 
 
 def grouped_quant_matmul_fake(rows: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                              row_scale: torch.Tensor, counts: torch.Tensor,
+                              row_scale: torch.Tensor, counts: torch.Tensor, bias: torch.Tensor | None,
                               output_dtype: torch.dtype) -> torch.Tensor:
-    return rows.new_empty((rows.shape[0], weight.shape[-1]), dtype=output_dtype)
+    return rows.new_empty((rows.shape[0], weight_scale.shape[-1]), dtype=output_dtype)
 
 
 def unpack_scale(scale: torch.Tensor) -> torch.Tensor:
@@ -77,3 +81,14 @@ def float32_bits_to_scale(stored: torch.Tensor) -> torch.Tensor:
     if stored.dtype == torch.int64:
         return (stored & 0xFFFFFFFF).to(torch.int32).view(torch.float32)
     return stored.to(torch.float32)
+
+
+def unpack_int4_rows(packed: torch.Tensor) -> torch.Tensor:
+    """msModelSlim's packed W4A8 weight ``[..., N/2, K]`` int8 as its int4 values ``[..., N, K]`` (int8 in [-8, 7]).
+
+    Its saver packs pairs of output rows into one byte: row ``2j`` in the low
+    nibble, row ``2j + 1`` in the high one, each a two's-complement int4.
+    """
+    low = torch.bitwise_right_shift(torch.bitwise_left_shift(packed, 4), 4)  # int8 shifts keep the sign
+    high = torch.bitwise_right_shift(packed, 4)
+    return torch.stack((low, high), dim=-2).flatten(-3, -2)

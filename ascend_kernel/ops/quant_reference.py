@@ -68,16 +68,27 @@ class ReferenceQuantOps:
 
     @seam_op("grouped_quant_matmul", GROUPED_QUANT_MATMUL_SCHEMA, grouped_quant_matmul_fake)
     def grouped_quant_matmul(self, rows: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                             row_scale: torch.Tensor, counts: torch.Tensor,
+                             row_scale: torch.Tensor, counts: torch.Tensor, bias: torch.Tensor | None,
                              output_dtype: torch.dtype) -> torch.Tensor:
-        """Group ``e`` of the rows times ``weight[e]``, dequantized per channel and per row; the rest zeros."""
+        """Group ``e`` of the rows times ``weight[e]``: ``(acc * w_scale + bias) * row_scale``; the rest zeros."""
         out = torch.zeros(rows.shape[0], weight.shape[-1], dtype=output_dtype, device=rows.device)
         start = 0
         for expert, count in enumerate(counts.tolist()):
             if count:
                 end = start + int(count)
                 acc = _int_product(rows[start:end], weight[expert]).to(torch.float32)
-                scaled = acc * weight_scale[expert].to(torch.float32) * row_scale[start:end].to(torch.float32)[:, None]
+                scaled = acc * weight_scale[expert].to(torch.float32)
+                if bias is not None:
+                    scaled = scaled + bias[expert].to(torch.float32)
+                scaled = scaled * row_scale[start:end].to(torch.float32)[:, None]
                 out[start:end] = scaled.to(output_dtype)
                 start = end
         return out
+
+    def int4_experts(self, values: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        """int4 expert weights for :meth:`grouped_quant_matmul`: the values [E, K, N] as int8, as they are.
+
+        The integer products of int4 values are exact here as int8 ones are,
+        so int4 experts run the int8 definition and need no correction bias.
+        """
+        return values.to(torch.int8).contiguous(), scale.to(torch.float32).contiguous(), None

@@ -41,6 +41,11 @@ class KernelPlatformMixin:
         kernel_mod.pre_register()
 
     @classmethod
+    def get_punica_wrapper(cls) -> str:
+        """LoRA's products on the ops seam, leaving base requests of a mixed batch alone (ops/lora_punica.py)."""
+        return "ascend_kernel.ops.lora_punica.KernelPunicaWrapper"
+
+    @classmethod
     def support_static_graph_mode(cls) -> bool:
         """Whether the chosen graph mode captures (False before the kernel has chosen one)."""
         kernel = kernel_mod.current_or_none()

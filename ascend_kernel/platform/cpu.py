@@ -29,11 +29,6 @@ class KernelCpuPlatform(KernelPlatformMixin, CpuPlatform):
         return "ascend_kernel.platform.cpu_communicator.KernelCpuCommunicator"
 
     @classmethod
-    def get_punica_wrapper(cls) -> str:
-        """vLLM-CPU's LoRA wrapper, its ops leaving base requests of a mixed batch alone (ops/lora_punica.py)."""
-        return "ascend_kernel.ops.lora_punica.KernelPunicaWrapper"
-
-    @classmethod
     def check_and_update_config(cls, vllm_config: Any) -> None:
         cls.kernel_check_and_update_config(vllm_config, super().check_and_update_config)
         parallel = vllm_config.parallel_config

@@ -4,7 +4,8 @@ Without expert parallelism every rank holds every expert, so tokens are
 all-gathered. With expert parallelism the choice depends on the SoC and the
 batch: MC2 (fused dispatch/combine) while the batch fits its token capacity,
 else all-gather on A2 (faster than all-to-all there; all-to-all for w4a8
-weights, which all-gather EP cannot serve) and all-to-all on A3. A prefill
+weights, which all-gather EP cannot serve: known from the model config's
+``moe_quantize`` or the checkpoint's quantization config) and all-to-all on A3. A prefill
 batch that would all-gather uses naive multicast unless sequence parallelism
 is on. PanguProMoE only supports all-gather. On a host without an Ascend SoC
 (CPU) expert parallelism takes all-gather, the method without a capacity
@@ -26,6 +27,9 @@ ALLGATHER = "allgather"
 MC2 = "mc2"
 ALLTOALL = "alltoall"
 NAIVE_MULTICAST = "naive_multicast"
+
+#: a model's int4 experts, as a model config (``moe_quantize``) or a quantization config names them
+W4A8_DYNAMIC = "w4a8_dynamic"
 
 #: graph capture never exceeds this many tokens, so neither does MC2's buffer
 MC2_TOKEN_CAP = 512
@@ -147,7 +151,7 @@ class AscendMoECommPolicy:
             capacity=mc2_tokens_capacity(cfg),
             world_size=cfg.parallel_config.world_size_across_dp,
             min_mc2_world=ctx.settings.mc2_min_world_size,
-            w4a8=getattr(hf, "moe_quantize", None) == "w4a8_dynamic",
+            w4a8=W4A8_DYNAMIC in (getattr(hf, "moe_quantize", None), getattr(getattr(cfg, "quant_config", None), "moe_quantize", None)),
             allgather_only=getattr(hf, "model_type", None) == "PanguProMoE",
             sequence_parallel=bool(getattr(pass_config, "enable_sp", False)),
         )

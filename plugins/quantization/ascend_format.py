@@ -23,7 +23,7 @@ from ascend_kernel_plugins.quantization.description import QuantizationError
 from ascend_kernel.ops.quant_ops import float32_bits_to_scale
 from ascend_kernel_plugins.quantization import int8_linear as il
 from ascend_kernel_plugins.quantization.description import DESCRIPTION_FILE, Description, read_headers
-from ascend_kernel_plugins.quantization.schemes import FLOAT, TENSORS, W8A8, W8A8_DYNAMIC
+from ascend_kernel_plugins.quantization.schemes import EXPERT_SCHEMES, FLOAT, TENSORS, W4A8_DYNAMIC, W8A8
 
 FORMAT = "ascend"
 
@@ -68,6 +68,17 @@ class AscendQuantConfig(QuantizationConfig):
         self.description = description.with_tensors(read_headers(model_name))
         self.description.check_tensors()
 
+    @property
+    def moe_quantize(self) -> str | None:
+        """``"w4a8_dynamic"`` when the checkpoint's experts are int4, as the field of that name in a model's config.
+
+        Read by the MoE comm policy (all-gather expert parallelism cannot
+        serve int4 experts on an A2, so those take all-to-all): the
+        checkpoint's own types decide, not a flag someone must remember.
+        """
+        experts = {v for k, v in self.description.types.items() if ".experts." in k}
+        return "w4a8_dynamic" if W4A8_DYNAMIC in experts else None
+
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> Any:
         implementation = kernel_mod.current().plan.quantization
         if implementation is None or getattr(implementation, "format", None) != FORMAT:
@@ -87,7 +98,7 @@ class AscendQuantConfig(QuantizationConfig):
 
 
 class AscendSchemes:
-    """The kernel's ascend-format layers: W8A8 and W8A8_DYNAMIC linears on the ops seam."""
+    """The kernel's ascend-format layers: W8A8 and W8A8_DYNAMIC linears, W8A8_DYNAMIC and W4A8_DYNAMIC experts."""
 
     format = FORMAT
     name = "ascend"
@@ -128,14 +139,16 @@ class AscendSchemes:
                  if k.startswith(f"{prefix}.") and k.endswith(".weight")}
         if not kinds or kinds == {FLOAT}:
             return None  # vLLM's unquantized experts (the kernel's MoE layer replaces them)
-        if kinds == {W8A8_DYNAMIC}:
-            from ascend_kernel_plugins.quantization.int8_experts import AscendInt8FusedMoEMethod
+        if len(kinds) == 1 and kinds <= set(EXPERT_SCHEMES):
+            from ascend_kernel_plugins.quantization.int8_experts import AscendInt4FusedMoEMethod, AscendInt8FusedMoEMethod
 
-            self.stats.layers["experts:" + W8A8_DYNAMIC] = self.stats.layers.get("experts:" + W8A8_DYNAMIC, 0) + 1
-            return AscendInt8FusedMoEMethod(layer.moe_config)
+            kind = next(iter(kinds))
+            self.stats.layers["experts:" + kind] = self.stats.layers.get("experts:" + kind, 0) + 1
+            method = AscendInt4FusedMoEMethod if kind == W4A8_DYNAMIC else AscendInt8FusedMoEMethod
+            return method(layer.moe_config)
         raise QuantizationError(
-            f"MoE layer {prefix!r} has {'/'.join(sorted(kinds))} experts; the kernel's MoE layer serves FLOAT or "
-            f"{W8A8_DYNAMIC} experts (all of a layer's experts alike)")
+            f"MoE layer {prefix!r} has {'/'.join(sorted(kinds))} experts; the kernel's MoE layer serves FLOAT, "
+            f"{' or '.join(EXPERT_SCHEMES)} experts (all of a layer's experts alike)")
 
     def describe(self) -> dict[str, Any]:
         return {"format": FORMAT, **self.stats.as_dict()}

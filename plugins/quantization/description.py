@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ascend_kernel.errors import KernelError
-from ascend_kernel_plugins.quantization.schemes import EXPERT_SCHEMES, FLOAT, SERVED_TYPES, TENSORS, W4A8_DYNAMIC
+from ascend_kernel_plugins.quantization.schemes import EXPERT_SCHEMES, FLOAT, ROWS_PER_BYTE, SERVED_TYPES, TENSORS
 
 DESCRIPTION_FILE = "quant_model_description.json"
 
@@ -77,10 +77,10 @@ class Description:
         for name, kind in self.types.items():
             if kind in SERVED_TYPES or (kind in EXPERT_SCHEMES and ".experts." in name):
                 continue
-            if kind == W4A8_DYNAMIC:
+            if kind in EXPERT_SCHEMES:
                 raise QuantizationError(
-                    f"{self.source}: tensor {name!r} has type {kind}, which the kernel serves on no layer yet "
-                    f"(it serves {', '.join(SERVED_TYPES)}; MoE experts {', '.join(EXPERT_SCHEMES)})")
+                    f"{self.source}: tensor {name!r} has type {kind}, which the kernel serves on MoE experts only "
+                    f"(other layers: {', '.join(SERVED_TYPES)})")
             raise QuantizationError(
                 f"{self.source}: tensor {name!r} has type {kind!r}, which the kernel does not serve. Allowed types: "
                 f"{', '.join(SERVED_TYPES)} (and {', '.join(EXPERT_SCHEMES)} on MoE experts)")
@@ -96,12 +96,17 @@ class Description:
             if not name.endswith(".weight") or kind == FLOAT:
                 continue
             prefix = name[: -len(".weight")]
+            if f"{prefix}.weight_scale_second" in self.tensors:
+                raise QuantizationError(
+                    f"layer {prefix!r} is {kind} with per-group scales ({prefix}.weight_scale_second): the kernel "
+                    "serves per-channel int4 experts, as msModelSlim's ascendv1_saver writes them")
             if name not in self.tensors:
                 raise QuantizationError(f"{self.source} lists {name!r} as {kind}, but no checkpoint file holds it")
             dtype, shape = self.tensors[name]
             if dtype != "I8" or len(shape) != 2:
                 raise QuantizationError(f"tensor {name!r} ({kind}) must be int8 [N, K]; the checkpoint holds {dtype} "
                                         f"{list(shape)}")
+            out_features = shape[0] * ROWS_PER_BYTE.get(kind, 1)
             for rule in TENSORS.get(kind, ()):
                 tensor = f"{prefix}.{rule.suffix}"
                 if tensor not in self.tensors:
@@ -110,10 +115,10 @@ class Description:
                             f"layer {prefix!r} is {kind} but the checkpoint has no {tensor!r} ({kind} stores "
                             f"{', '.join(r.suffix for r in TENSORS[kind] if r.required)} beside the weight)")
                     continue
-                if not rule.fits(self.tensors[tensor][1], shape[0]):
+                if not rule.fits(self.tensors[tensor][1], out_features):
                     raise QuantizationError(
                         f"tensor {tensor!r} has shape {list(self.tensors[tensor][1])}; for {kind} with weight "
-                        f"{list(shape)} it must be {rule.shape_text.replace('N', str(shape[0]))}")
+                        f"{list(shape)} it must be {rule.shape_text.replace('N', str(out_features))}")
 
     def check_fused(self, prefix: str, shard_prefixes: Iterable[str]) -> str | None:
         """The one type of a fused layer's shards (q/k/v, gate/up); mixed types are refused."""

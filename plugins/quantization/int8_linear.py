@@ -81,12 +81,18 @@ class LayerStats:
                 "float32_bytes": self.float32_bytes, "weight_bytes_ratio": ratio}
 
 
+#: torch_npu's storage format id of FRACTAL_NZ
+ACL_FORMAT_FRACTAL_NZ = 29
+
+
 class SeamInt8Executor:
     """The layer as the device computes it: the seam's quantize / dynamic_quant, then quant_matmul."""
 
     def __init__(self, weights: Int8Weights, ops: Any) -> None:
         self.ops = ops
-        self.weight_t = weights.weight.t().contiguous()  # [K, N]: quant_matmul's layout
+        # [K, N]: quant_matmul's layout, in the NPU's FRACTAL_NZ storage (its int8 matmuls' fast path; identity on
+        # the reference provider)
+        self.weight_t = ops.format_cast(weights.weight.t().contiguous(), ACL_FORMAT_FRACTAL_NZ)
         self.static = weights.input_scale is not None
         if self.static:
             self.inv_scale = (1.0 / weights.input_scale.to(torch.float32)).reshape(1)

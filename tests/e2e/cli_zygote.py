@@ -9,11 +9,13 @@ kernel's CPU platform, or stock vLLM's), and then forks one child per command.
 The child sets the command's working directory, environment and argv, points
 its stdout/stderr at files, and runs ``python -m ascend_kernel.cli.main``
 through :func:`runpy.run_module`: the same code path as the subprocess, minus
-the imports. Nothing else is shared: every command still gets its own process,
-engine, kernel and exit status.
+the imports. A test's helper script (tests/e2e/scripts/) runs the same way
+through :func:`runpy.run_path`, as ``python SCRIPT ARGS`` would. Nothing else
+is shared: every command still gets its own process, engine, kernel and exit
+status.
 
 Protocol (one JSON object per line): the client writes ``{"argv", "env",
-"cwd", "stdout", "stderr"}``; the zygote answers ``{"pid"}`` when the child
+"cwd", "stdout", "stderr"}`` (and ``"script"`` for a script); the zygote answers ``{"pid"}`` when the child
 starts and ``{"rc"}`` when it ends. ``ASCEND_KERNEL_TEST_ZYGOTE=0`` turns the
 whole thing off (every command a plain subprocess).
 """
@@ -76,10 +78,16 @@ def _child(request: dict[str, Any]) -> None:
 
         sys.path[1:1] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
         importlib.invalidate_caches()
-    sys.argv = [sys.argv[0], *request["argv"]]
+    script = request.get("script")
+    sys.argv = [script or sys.argv[0], *request["argv"]]
+    if script:
+        sys.path.insert(0, os.path.dirname(script))  # as ``python SCRIPT`` would
     code: Any = 0
     try:
-        runpy.run_module("ascend_kernel.cli.main", run_name="__main__", alter_sys=True)
+        if script:
+            runpy.run_path(script, run_name="__main__")
+        else:
+            runpy.run_module("ascend_kernel.cli.main", run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         code = exc.code
     except BaseException:  # noqa: BLE001 - as the interpreter would: traceback on stderr, status 1
@@ -124,10 +132,14 @@ class Zygote:
             raise RuntimeError(f"the {flavour} zygote did not start (exit {self.proc.wait()})")
         self.lock = threading.Lock()
 
-    def run(self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    def run(self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float,
+            script: Path | None = None) -> subprocess.CompletedProcess:
+        """``ascend-kernel ARGV`` in a forked child; with ``script``, ``python SCRIPT ARGV`` instead."""
         with self.lock, tempfile.TemporaryDirectory(prefix="ak-zygote-") as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
             request = {"argv": argv, "env": env, "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
+            if script is not None:
+                request["script"] = str(script)
             self.proc.stdin.write(json.dumps(request) + "\n")
             pid = json.loads(self.proc.stdout.readline())["pid"]
             timer = threading.Timer(timeout, lambda: _kill_group(pid))

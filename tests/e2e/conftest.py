@@ -48,12 +48,18 @@ def _zygote(flavour: str) -> Any:
     return _zygotes[flavour]
 
 
-def run_cli(args: list[str], env: dict[str, str] | None = None, expect_rc: int = 0) -> subprocess.CompletedProcess:
-    """``ascend-kernel ARGS`` in a process of its own: forked from a zygote that imported the stack, when one fits."""
+def run_cli(args: list[str], env: dict[str, str] | None = None, expect_rc: int = 0,
+            zygote: str | None = None) -> subprocess.CompletedProcess:
+    """``ascend-kernel ARGS`` in a process of its own: forked from a zygote that imported the stack, when one fits.
+
+    ``zygote`` names the flavour for a command :func:`flavour_for` leaves to a fresh interpreter (a ``serve`` that
+    must fail in start-up, after vLLM is imported); a test about what happens before vLLM is imported must not."""
     from tests.e2e.cli_zygote import flavour_for
 
     env = env or clean_env()
-    flavour = flavour_for(args, env) if os.environ.get("ASCEND_KERNEL_TEST_ZYGOTE", "1") != "0" else None
+    flavour = zygote or flavour_for(args, env)
+    if os.environ.get("ASCEND_KERNEL_TEST_ZYGOTE", "1") == "0":
+        flavour = None
     if flavour is not None:
         proc = _zygote(flavour).run(list(args), env, REPO, ENGINE_TIMEOUT_S)
     else:
@@ -63,6 +69,19 @@ def run_cli(args: list[str], env: dict[str, str] | None = None, expect_rc: int =
         raise AssertionError(f"ascend-kernel {' '.join(args)} exited {proc.returncode} (wanted {expect_rc})\n"
                              f"--- stderr tail ---\n{proc.stderr[-4000:]}")
     return proc
+
+
+def run_script(script: Path, args: list[str], env: dict[str, str],
+               timeout: float = ENGINE_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """``python SCRIPT ARGS`` (a helper script that builds an engine in-process), forked from the zygote whose
+    platform its environment resolves to: ``ASCEND_KERNEL_DEVICE=cpu`` the kernel's, unset or ``auto`` stock
+    vLLM's (the kernel stays off without an NPU); a plain subprocess otherwise or with zygotes off."""
+    device = env.get("ASCEND_KERNEL_DEVICE", "auto").lower()
+    flavour = {"cpu": "kernel", "auto": "stock"}.get(device)
+    if flavour is not None and os.environ.get("ASCEND_KERNEL_TEST_ZYGOTE", "1") != "0":
+        return _zygote(flavour).run(list(args), env, REPO, timeout, script=script)
+    return subprocess.run([sys.executable, str(script), *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def generate(model: Path, *extra: str, env: dict[str, str] | None = None, max_tokens: int = 12,

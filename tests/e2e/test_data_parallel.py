@@ -9,7 +9,8 @@ over them. What the kernel owns here is the report: ``GET
 
 Scenarios, one deployment each (tiny Llama, float32, eager, 4 concurrent prompts of 6 tokens):
 
-* one host, ``--data-parallel-size 2``: both engine cores on this host;
+* one host, ``--data-parallel-size 2``: both engine cores on this host (the
+  MoE deployments at the end, which add expert parallelism to it);
 * two "nodes" on loopback: an API process holding DP rank 0 (``-dp 2 -dpl 1
   --data-parallel-address 127.0.0.1 --data-parallel-rpc-port P``) and a
   ``--headless --data-parallel-start-rank 1`` process holding rank 1, joined
@@ -111,27 +112,6 @@ def check_report_has_both_ranks(server: LocalServer) -> dict[str, Any]:
     assert merged["ranks"][0]["trace"] == merged["trace"]  # the top level is DP rank 0's first worker
     assert merged["device"]["kind"] == "cpu"
     return merged
-
-
-# -- one host, two DP ranks -----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def single_host(tiny_llama, tmp_path_factory) -> Any:
-    # one API server (vLLM's default with -dp N is N of them; any one answers the report for every rank)
-    argv = [*CLI, "serve", str(tiny_llama), *SERVE_ARGS, "--data-parallel-size", "2", "--api-server-count", "1"]
-    server = LocalServer(argv, server_env("0|1"), tmp_path_factory.mktemp("dp") / "server.log", api_key=API_KEY)
-    server.start(timeout_s=ENGINE_TIMEOUT_S)
-    yield server
-    server.stop()
-
-
-def test_single_host_dp2_answers_equal_transformers_and_report_lists_both_ranks(single_host, tiny_llama):
-    check_answers(single_host, tiny_llama)
-    check_report_has_both_ranks(single_host)
-    log = single_host.log_text()
-    assert log.count("ascend-kernel is active: device cpu") == 2, log[-3000:]  # one per engine
-    assert "EngineCore_DP0" in log and "EngineCore_DP1" in log
 
 
 # -- two "nodes" on loopback ----------------------------------------------------------------------------------
@@ -359,9 +339,13 @@ def dp_expert_parallel(request, tmp_path_factory) -> Any:
 
 
 def test_dp2_with_expert_parallel_moe_answers_equal_transformers(dp_expert_parallel):
+    """Also the single-host DP scenario: one launcher, both engine cores on this host, each with its kernel."""
     server, model = dp_expert_parallel
     check_answers(server, model)
     merged = check_report_has_both_ranks(server)
+    log = server.log_text()
+    assert log.count("ascend-kernel is active: device cpu") == 2, log[-3000:]  # one per engine
+    assert "EngineCore_DP0" in log and "EngineCore_DP1" in log
     for entry in merged["ranks"]:
         trace = entry["trace"]
         # every rank's experts received rows, under the methods the CPU policy picks with EP

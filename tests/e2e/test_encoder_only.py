@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.e2e.conftest import REPO, clean_env
+from tests.e2e.conftest import REPO, clean_env, run_script
 
 pytestmark = pytest.mark.e2e
 PROMPTS = ["The capital of France is", "Hello world! How are you today?"]
 
 
 def embed(model, env):
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "e2e" / "scripts" / "embed.py"), str(model), *PROMPTS],
-                          env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    proc = run_script(REPO / "tests" / "e2e" / "scripts" / "embed.py", [str(model), *PROMPTS], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])

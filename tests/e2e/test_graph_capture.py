@@ -1,9 +1,9 @@
 """cpu-graph end to end: vLLM's capture loop captures sizes 1, 2, 4; decode replays; tokens equal Hugging Face's.
 
 Engine start-up (a compile per piece and size) dominates, so one run serves
-the first tests, and a second, with one size, puts the Ascend attention
-backend between the captured pieces (its tokens must equal the first run's,
-which equal HF's). Three prompts make a decode batch of 3 tokens, between capture
+the first tests, and the others capture one size (the padded decode batch's)
+unless several sizes are their subject; the MoE run puts the Ascend attention
+backend between the captured pieces. Three prompts make a decode batch of 3 tokens, between capture
 sizes: vLLM's dispatcher pads it to 4 and every decode step replays that
 artifact; the prefill step (more tokens than the largest size) runs eagerly.
 """
@@ -49,31 +49,20 @@ def test_decision_and_config_changes_say_why(graph_run):
     assert changes["compilation_config.cudagraph_mode"]["new"].endswith("PIECEWISE: 1>")
 
 
-@pytest.fixture(scope="module")
-def ascend_graph_run(tiny_llama):
-    """The Ascend attention backend (reference ops) between captured pieces; one size keeps start-up short."""
-    return generate(tiny_llama, "--graph-mode", "cpu-graph", "--capture-sizes", "4", max_tokens=MAX_TOKENS,
-                    env=clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_ATTENTION_BACKEND="ascend"))
-
-
-def test_ascend_backend_between_captured_pieces(ascend_graph_run, graph_run):
-    (decision,) = [d for d in ascend_graph_run["report"]["decisions"] if d["family"] == "attention_backend"]
-    assert decision["chosen"] == "ascend"
-    graph = ascend_graph_run["report"]["graph"]
-    assert graph["captured_sizes"] == [4] and graph["replays"] == {"4": MAX_TOKENS - 1}
-    assert [o["token_ids"] for o in ascend_graph_run["outputs"]] == [o["token_ids"] for o in graph_run["outputs"]]
-
-
-def test_moe_model_between_captured_pieces(tmp_path_factory):
-    """Qwen2-MoE: the routed experts are one opaque op inside the captured pieces; the comm method still runs per batch."""
+def test_moe_model_and_ascend_backend_between_captured_pieces(tmp_path_factory):
+    """Qwen2-MoE: the routed experts are one opaque op inside the captured pieces; the comm method still runs per
+    batch. The Ascend attention backend (reference ops) runs between the pieces; one size keeps start-up short."""
     from ascend_kernel.models import create_tiny_model
 
     model = create_tiny_model("qwen2_moe", tmp_path_factory.mktemp("graph_moe") / "qwen2_moe")
     run = generate(model, "--graph-mode", "cpu-graph", "--capture-sizes", "4", max_tokens=MAX_TOKENS,
-                   env=clean_env(ASCEND_KERNEL_DEVICE="cpu"))
+                   env=clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_ATTENTION_BACKEND="ascend"))
+    (decision,) = [d for d in run["report"]["decisions"] if d["family"] == "attention_backend"]
+    assert decision["chosen"] == "ascend"
     oracle = hf_greedy(model, [o["prompt_token_ids"] for o in run["outputs"]], MAX_TOKENS)
     assert_same_tokens(model, run, oracle)
-    assert run["report"]["graph"]["replays"] == {"4": MAX_TOKENS - 1}
+    graph = run["report"]["graph"]
+    assert graph["captured_sizes"] == [4] and graph["replays"] == {"4": MAX_TOKENS - 1}
     assert run["report"]["trace"]["moe_methods"] == {"naive_multicast": 1, "allgather": MAX_TOKENS - 1}
 
 
@@ -87,7 +76,8 @@ def test_mla_moe_at_tp2_with_expert_parallel_between_captured_pieces(tmp_path_fa
     from ascend_kernel.models import create_tiny_model
 
     model = create_tiny_model("deepseek_v2", tmp_path_factory.mktemp("graph_ep") / "deepseek_v2")
-    run = generate(model, "--graph-mode", "cpu-graph", "--capture-sizes", "1,2,4",
+    # one size (the padded decode batch's): several sizes are graph_run's subject; each costs a compile per rank
+    run = generate(model, "--graph-mode", "cpu-graph", "--capture-sizes", "4",
                    "--engine-arg", "tensor_parallel_size=2", "--engine-arg", "enable_expert_parallel=True",
                    env=clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_ATTENTION_BACKEND="ascend",
                                  VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_OMP_THREADS_BIND="0|1"),
@@ -95,7 +85,7 @@ def test_mla_moe_at_tp2_with_expert_parallel_between_captured_pieces(tmp_path_fa
     oracle = hf_greedy(model, [o["prompt_token_ids"] for o in run["outputs"]], MAX_TOKENS)
     assert_same_tokens(model, run, oracle)
     graph = run["report"]["graph"]
-    assert graph["captured_sizes"] == [1, 2, 4] and graph["replays"].get("4", 0) > 0  # 3 requests padded to 4
+    assert graph["captured_sizes"] == [4] and graph["replays"].get("4", 0) > 0  # 3 requests padded to 4
     ranks = run["report"]["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1]
     for rank in ranks:  # every rank's experts received rows under both methods the CPU policy picks with EP
@@ -238,13 +228,14 @@ def test_full_decode_only_mla_moe_at_tp2_with_expert_parallel(tmp_path_factory):
     from ascend_kernel.models import create_tiny_model
 
     model = create_tiny_model("deepseek_v2", tmp_path_factory.mktemp("graph_full_ep") / "deepseek_v2")
-    run = generate(model, *FULL, "--capture-sizes", "1,2,4",
+    run = generate(model, *FULL, "--capture-sizes", "4",  # the padded decode batch's size only (see above)
                    "--engine-arg", "tensor_parallel_size=2", "--engine-arg", "enable_expert_parallel=True",
                    env=ascend_env(VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_OMP_THREADS_BIND="0|1"),
                    max_tokens=MAX_TOKENS)
     oracle = hf_greedy(model, [o["prompt_token_ids"] for o in run["outputs"]], MAX_TOKENS)
     assert_same_tokens(model, run, oracle)
     graph = run["report"]["graph"]
-    assert graph["capture_mode"] == "full_decode_only" and graph["replays"].get("4", 0) > 0, graph
+    assert graph["capture_mode"] == "full_decode_only" and graph["captured_sizes"] == [4], graph
+    assert graph["replays"].get("4", 0) > 0, graph
     for rank in run["report"]["ranks"]:
         assert all(n > 0 for n in rank["trace"]["moe_tokens"].values()), rank["trace"]

@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.e2e.conftest import REPO, clean_env
+from tests.e2e.conftest import REPO, clean_env, run_script
 
 pytestmark = pytest.mark.e2e
 
 
 def test_no_pluggy_in_decode_loop(tiny_llama):
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "e2e" / "scripts" / "count_hook_calls.py"), str(tiny_llama), "8"],
-        env=clean_env(ASCEND_KERNEL_DEVICE="cpu"), capture_output=True, text=True, timeout=600, cwd=REPO,
-    )
+    proc = run_script(REPO / "tests" / "e2e" / "scripts" / "count_hook_calls.py", [str(tiny_llama), "8"],
+                      clean_env(ASCEND_KERNEL_DEVICE="cpu"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["generated"] == [8, 8]

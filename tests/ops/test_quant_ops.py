@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ascend_kernel.ops import get_ops
-from ascend_kernel.ops.quant_ops import PACKED_SCALE_MASK, float32_bits_to_scale, unpack_scale
+from ascend_kernel.ops.quant_ops import PACKED_SCALE_MASK, float32_bits_to_scale, unpack_int4_rows, unpack_scale
 
 ops = get_ops("reference", "cpu")
 
@@ -107,23 +107,51 @@ def test_quant_matmul_is_the_npu_formula(case):
     assert ops.quant_matmul(xq, w, given_scale, pertoken, bias, torch.bfloat16).dtype == torch.bfloat16
 
 
-def test_grouped_quant_matmul_groups_rows_and_zeroes_the_rest():
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_grouped_quant_matmul_groups_rows_and_zeroes_the_rest(with_bias):
     g = torch.Generator().manual_seed(3)
     experts, k, n, rows = 3, 16, 8, 9
     xq = torch.randint(-128, 128, (rows, k), generator=g, dtype=torch.int8)
     w = torch.randint(-128, 128, (experts, k, n), generator=g, dtype=torch.int8)
     w_scale = torch.rand(experts, n, generator=g) * 1e-2
+    bias = torch.randn(experts, n, generator=g) if with_bias else None
     row_scale = torch.rand(rows, generator=g)
     counts = torch.tensor([3, 0, 4])  # rows 7 and 8 are past the groups
-    got = ops.grouped_quant_matmul(xq, w, w_scale, row_scale, counts, torch.float32).numpy()
+    got = ops.grouped_quant_matmul(xq, w, w_scale, row_scale, counts, bias, torch.float32).numpy()
     start = 0
     for e, c in enumerate(counts.tolist()):
         for r in range(start, start + c):
-            want = (xq[r].numpy().astype(np.int64) @ w[e].numpy().astype(np.int64)) * \
-                w_scale[e].numpy().astype(np.float64) * float(row_scale[r])
-            np.testing.assert_allclose(got[r], want, rtol=2e-6)
+            acc = (xq[r].numpy().astype(np.int64) @ w[e].numpy().astype(np.int64)) * w_scale[e].numpy().astype(np.float64)
+            if bias is not None:
+                acc = acc + bias[e].numpy().astype(np.float64)
+            np.testing.assert_allclose(got[r], acc * float(row_scale[r]), rtol=2e-6, atol=1e-6)
         start += c
     assert not got[7:].any()
+
+
+def test_int4_rows_unpack_what_msmodelslim_packs():
+    """msModelSlim's own W4A8 packer (its ascendv1 saver's) is the oracle of the byte layout."""
+    pack = pytest.importorskip("msmodelslim.core.quant_service.modelslim_v1.save.utils.pack")
+    g = torch.Generator().manual_seed(4)
+    values = torch.randint(-8, 8, (3, 10, 6), generator=g, dtype=torch.int8)  # [experts, N, K]
+    packed = torch.stack([pack.w4a8_pack_int4(v) for v in values])
+    assert packed.shape == (3, 5, 6) and packed.dtype == torch.int8
+    assert torch.equal(unpack_int4_rows(packed), values)
+    assert torch.equal(unpack_int4_rows(pack.w4a8_pack_int4(values[0])), values[0])
+
+
+def test_int4_experts_compute_the_int4_formula():
+    """The reference's int4 experts: ``(x_q @ w4) * w_scale * row_scale`` with int4 values, exactly as float64 does."""
+    g = torch.Generator().manual_seed(5)
+    values = torch.randint(-8, 8, (2, 12, 4), generator=g, dtype=torch.int8)  # [E, K, N]
+    scale = torch.rand(2, 4, generator=g) * 0.1
+    weight, w_scale, bias = ops.int4_experts(values, scale)
+    xq = torch.randint(-128, 128, (5, 12), generator=g, dtype=torch.int8)
+    row_scale = torch.rand(5, generator=g)
+    got = ops.grouped_quant_matmul(xq, weight, w_scale, row_scale, torch.tensor([2, 3]), bias, torch.float32)
+    x, w = xq.numpy().astype(np.float64), values.numpy().astype(np.float64)
+    want = np.concatenate([x[:2] @ w[0] * scale[0].numpy(), x[2:] @ w[1] * scale[1].numpy()])
+    np.testing.assert_allclose(got.numpy(), want * row_scale.numpy()[:, None].astype(np.float64), rtol=2e-6)
 
 
 def test_packed_and_stored_scales_decode():
