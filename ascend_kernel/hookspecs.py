@@ -422,3 +422,36 @@ def ascend_kernel_quant_methods() -> "list[Implementation]":
       ``vllm_config`` in ``prepare_model(vllm_config) -> list[str]`` (called by
       the runner before the model is built; returns what it replaced).
     """
+
+
+# ---------------------------------------------------------------------------
+# model lifecycle and expert load balancing
+# ---------------------------------------------------------------------------
+
+
+@hookspec
+def ascend_kernel_model_loaded(runner: Any) -> "list[str] | None":
+    """Act on the loaded model, once per runner, before a graph mode wraps it.
+
+    Called by the kernel runner's ``load_model`` after vLLM built the model
+    and every layer processed its weights. For lifecycle work that needs the
+    runner and the whole model (the EPLB plugin builds vLLM's ``EplbState``
+    here and gives it to the runner, whose own step then drives it).
+
+    :param runner: the kernel's model runner (a subclass of vLLM's runner).
+    :return: what the plugin did, in words, or None.
+    """
+
+
+@hookspec
+def ascend_kernel_eplb_policies() -> "list[Implementation]":
+    """Offer expert-placement policies for dynamic EPLB (family ``eplb_policy``).
+
+    Consulted only when EPLB is enabled (``--enable-eplb``). The chosen object
+    is a vLLM EPLB policy: it provides
+    ``rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_ranks,
+    old_global_expert_indices) -> Tensor [layers, physical experts]`` (the
+    logical expert each physical slot holds after the rearrangement; vLLM's
+    ``AbstractEplbPolicy`` contract), and may provide ``describe()``. vLLM's
+    ``EplbState`` calls it at every rearrangement and moves the weights.
+    """

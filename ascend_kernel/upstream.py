@@ -98,6 +98,9 @@ NAMES: tuple[PrivateName, ...] = (
     PrivateName("vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector:"
                 "MooncakeConnectorWorker._physical_blocks_per_logical_kv_block", "accessor",
                 "bytes per logical block for the transfer counts", "none", instance_attribute=True),
+    PrivateName("vllm.v1.worker.gpu_model_runner:GPUModelRunner._moe_model", "accessor",
+                "the EPLB plugin gives the CPU runner the MixtureOfExperts model its eplb_step asserts (vLLM's CPU "
+                "load_model never sets it)", "none: only GPUModelRunner.load_model sets it", instance_attribute=True),
     PrivateName("vllm.lora.punica_wrapper.punica_base:PunicaWrapperBase._token_lora_indices", "accessor",
                 "the kernel's punica wrapper reads each row's adapter slot from this buffer (refreshed in place every "
                 "step), cut to the rows of the call, so a traced graph reads the step's indices by address",
@@ -325,3 +328,8 @@ def rejection_logprobs(sampler: Any, *args: Any) -> Any:
 def missing_worker_method(name: str) -> str:
     """vLLM's text when a worker has no method ``name`` (``collective_rpc`` of a string)."""
     return f"Method {name!r} is not implemented."
+
+
+def set_runner_moe_model(runner: Any, model: Any) -> None:
+    """The MoE model vLLM's ``eplb_step`` steps (set by GPU ``load_model`` only)."""
+    runner._moe_model = model

@@ -112,7 +112,8 @@ def test_what_could_not_be_exercised_says_why(builtin_report):
         assert r.reason, r.line()
     drafters = {r.implementation: r.reason for r in skipped if r.family == "drafter" and r.contract == "proposals"}
     assert all("only the declared interface was checked" in why for why in drafters.values())
-    assert {r.plugin for r in skipped if r.contract == "registers"} == {"config-fixups", "kv-transfer", "sleep-mode"}
+    assert {r.plugin for r in skipped if r.contract == "registers"} == {"config-fixups", "kv-transfer", "sleep-mode",
+                                                                        "eplb"}
 
 
 # -- a broken third-party plugin (dist-info under tests/thirdparty/broken) ------------------------

@@ -28,7 +28,8 @@ from ascend_kernel.settings import ENV_PREFIX, load_settings
 THIRDPARTY = Path(__file__).resolve().parent / "thirdparty"
 ESSENTIAL = ("attention", "graph", "kv-cache-standard", "layers", "sampling")
 BUILTINS = (
-    "attention", "config-fixups", "graph", "kv-cache-int8-bsh", "kv-cache-mamba", "kv-cache-mla", "kv-cache-sfa",
+    "attention", "config-fixups", "eplb", "eplb-policies", "graph", "kv-cache-int8-bsh", "kv-cache-mamba",
+    "kv-cache-mla", "kv-cache-sfa",
     "kv-cache-standard", "kv-cache-vllm-views", "kv-transfer", "layers", "moe-comm", "moe-comm-allgather", "moe-comm-alltoall",
     "moe-comm-mc2", "moe-comm-naive-multicast", "quantization", "sampling", "sleep-mode", "spec-decode-draft-model",
     "spec-decode-eagle", "spec-decode-mtp", "spec-decode-ngram", "spec-decode-vllm",

@@ -210,11 +210,43 @@ def _engine_request(args: argparse.Namespace, kernel: bool):
         kernel_mod.pre_register()
     extra = engine_args.check(given, engine_args.keyword_types())
     enforce_eager = _graph_request(args, extra, kernel)
+    if kernel:
+        _eplb_request(extra)
     if kernel:  # the kernel's own section of additional_config, before vLLM sees it
         load_settings(extra.get("additional_config"))
     dtype = extra.pop("dtype")
     return EngineRequest(model=args.model, kernel=kernel, dtype=dtype, max_model_len=args.max_model_len,
                          seed=args.seed, enforce_eager=enforce_eager, extra=extra)
+
+
+def _token_ids(text: str) -> list[int]:
+    """``--prompt-ids 263,263,263``: one prompt's token ids."""
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated token ids (e.g. 263,263,263) expected") from None
+    if not ids or min(ids) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: at least one token id, none negative")
+    return ids
+
+
+def _eplb_request(extra: dict[str, Any]) -> None:
+    """``enable_eplb`` / ``eplb_config`` engine arguments into the EPLB plugin's settings, not vLLM's.
+
+    vLLM's ParallelConfig refuses EPLB unless the platform is CUDA-alike or
+    XPU, before any platform hook can speak; the EPLB plugin sets both fields
+    on vLLM's config itself, as recorded config changes (plugins/eplb/admission.py).
+    """
+    if "enable_eplb" not in extra and "eplb_config" not in extra:
+        return
+    section = extra.setdefault("additional_config", {}).setdefault("ascend_kernel", {})
+    if "enable_eplb" in extra:
+        section["enable_eplb"] = bool(extra.pop("enable_eplb"))
+    if "eplb_config" in extra:
+        config = extra.pop("eplb_config")
+        if not isinstance(config, dict):  # vLLM's EPLBConfig: its fields as given
+            config = {k: v for k, v in vars(config).items() if not k.startswith("_")}
+        section["eplb_config"] = config
 
 
 #: a checkpoint file that marks an msModelSlim-quantized model (its int8 layers want bfloat16 activations)
@@ -315,6 +347,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     device = engine.prepare_process(kernel=not args.stock)
     # plain prompts first, then the --chat messages (each through the chat template)
     prompts = [(p, False) for p in args.prompt or ()] + [(m, True) for m in args.chat or ()]
+    prompts += [(ids, None) for ids in args.prompt_ids or ()]  # token ids as given: no BOS, no template
     prompts = prompts or [(p, False) for p in DEFAULT_PROMPTS]
     with _engine_output_to_stderr():
         from vllm import SamplingParams
@@ -326,7 +359,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         adapters = _lora_requests(args.lora or [])
         llm = engine.build_llm(request)
         try:
-            inputs = [_chat_prompt(llm, p) if chat else p for p, chat in prompts]
+            from vllm.inputs import TokensPrompt
+
+            inputs = [_chat_prompt(llm, p) if chat else TokensPrompt(prompt_token_ids=p) if chat is None else p
+                      for p, chat in prompts]
             runs = [(None, None)] + adapters  # every prompt without an adapter, then with each adapter
             outputs = llm.generate([i for _ in runs for i in inputs], params,
                                    lora_request=[r for _, r in runs for _ in inputs] if adapters else None)
@@ -609,6 +645,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("generate", cmd_generate, "greedy offline generation through vLLM with the kernel")
     _add_engine_args(p)
     p.add_argument("--prompt", action="append", help="prompt (repeatable); two defaults without --prompt and --chat")
+    p.add_argument("--prompt-ids", action="append", type=_token_ids, metavar="ID,ID,...",
+                   help="a prompt given as token ids, sent as they are (no BOS, no template; repeatable; after --chat)")
     p.add_argument("--chat", action="append", metavar="MESSAGE",
                    help="a user message, sent through the tokenizer's chat template (repeatable; after the --prompt "
                    "prompts)")

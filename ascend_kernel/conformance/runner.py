@@ -36,8 +36,11 @@ CONTRACT_MODULES: dict[str, str] = {
     "layer_ops": "layer_ops",
     "kv_cache": "kv_cache",
     "quantization": "quantization",
+    "eplb_policy": "eplb_policy",
 }
-FAMILIES: tuple[Family, ...] = (*GLOBAL_FAMILIES, *TABLE_FAMILIES, KV_CACHE_FAMILY)
+#: a family chosen by a plugin itself, not by the kernel's plan (the EPLB plugin picks its policy when EPLB is on)
+EPLB_POLICY_FAMILY = Family("eplb_policy", "ascend_kernel_eplb_policies", "eplb_config.policy", optional=True)
+FAMILIES: tuple[Family, ...] = (*GLOBAL_FAMILIES, *TABLE_FAMILIES, KV_CACHE_FAMILY, EPLB_POLICY_FAMILY)
 #: the family name under which a plugin's settings declaration is checked (no implementations: a model)
 SETTINGS_FAMILY = "settings"
 

@@ -277,17 +277,14 @@ class KernelRunnerMixin:
 
     def initialize_kv_cache_tensors(self, kv_cache_config: Any, kernel_block_sizes: list[int],
                                     kv_cache_allocation_context: Any = None) -> dict[str, Any]:
-        from contextlib import nullcontext
-
         from vllm.v1.worker.utils import bind_kv_cache, map_kv_caches_to_kernel_blocks
 
-        kernel = self.kernel
-        with kv_cache_allocation_context or nullcontext():
+        with kv_cache_allocation_context or contextlib.nullcontext():
             caches, report = allocate_kv_caches(
                 kv_cache_config,
-                layout_for=lambda spec_type: kernel.kv_layout(spec_type, self.vllm_config),
+                layout_for=lambda spec_type: self.kernel.kv_layout(spec_type, self.vllm_config),
                 vllm_config=self.vllm_config,
-                device=kernel.device,
+                device=self.kernel.device,
                 torch_device=self.device,
                 kernel_block_sizes=kernel_block_sizes,
                 runner_only_layers=self.runner_only_attn_layers,
@@ -311,7 +308,8 @@ class KernelRunnerMixin:
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """vLLM's loading (inside each chosen object's ``model_build_scope``: module swaps that last only while
-        the model and its drafter are built), then the graph mode's wrapping of the whole model, if it has one."""
+        the model and its drafter are built), the plugins' ``ascend_kernel_model_loaded`` (EPLB builds vLLM's
+        ``EplbState`` there), then the graph mode's wrapping of the whole model, if it has one."""
         with contextlib.ExitStack() as scopes:
             for chosen in self.kernel_plan.objects():
                 scope = getattr(chosen, "model_build_scope", None)
@@ -319,6 +317,7 @@ class KernelRunnerMixin:
                     self.kernel_model_patches.extend(
                         n for n in scopes.enter_context(scope(self.vllm_config)) if n not in self.kernel_model_patches)
             super().load_model(*args, **kwargs)  # type: ignore[misc]
+        self.kernel.plugins.call_each("ascend_kernel_model_loaded", runner=self)  # before a graph wrapper hides it
         wrap_model = getattr(self.kernel_plan.graph, "wrap_model", None)
         if wrap_model is not None:
             self.model = wrap_model(self.model, self.vllm_config)

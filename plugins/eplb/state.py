@@ -1,0 +1,214 @@
+"""vLLM's ``EplbState``, as the kernel's runner drives it: synchronous, host-timed, reported, recordable.
+
+The subclass adds no balancing of its own. vLLM's ``step`` keeps the load
+window and decides when to rearrange, vLLM's ``rearrange`` all-reduces the
+load, asks the policy (the chosen ``eplb_policy`` object) for the new
+placement, moves the weights in place over the EPLB group's communicator
+(``rearrange_expert_weights_inplace``) and commits the maps the MoE layers
+read. What differs:
+
+* on a CPU device, ``rearrange`` runs with host stand-ins for what vLLM asks
+  of an accelerator: ``torch.Event(enable_timing=True).record()`` raises
+  there ("cpu backend doesn't support events") and the gloo communicator's
+  ``torch.accelerator.current_stream().synchronize()`` finds no accelerator;
+  for the call (a scoped swap, restored after) ``torch.Event`` is a host
+  event timed by the host clock and the current stream one that is always done;
+* each rearrangement is measured for the report (:meth:`describe`): the
+  per-rank load imbalance (max / mean, over the window it rebalanced on),
+  the slots that received new weights, the milliseconds it took;
+* record and replay (the seed's ``expert_map_record_path``): the map is
+  written as JSON at start and after every rearrangement; a replayed map is
+  moved into place at start (vLLM's weight mover, then ``update_mapping``)
+  and kept: no rearrangement follows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from vllm.distributed.eplb.eplb_state import EplbState
+
+from ascend_kernel.errors import KernelError
+from ascend_kernel.scoped import attributes_swapped
+
+
+class HostEvent:
+    """What vLLM's rearrangement asks of ``torch.Event``, on the host clock (milliseconds, like device events)."""
+
+    def __init__(self, enable_timing: bool = False, **_: Any) -> None:
+        self.at = 0.0
+
+    def record(self, stream: Any = None) -> None:
+        self.at = time.perf_counter()
+
+    def synchronize(self) -> None:
+        """Host work is done when it returns: nothing to wait for."""
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: "HostEvent") -> float:
+        return (end.at - self.at) * 1e3
+
+
+class HostStream:
+    """The current "stream" of a CPU device: host work is complete when issued."""
+
+    def synchronize(self) -> None:
+        """Nothing is in flight on the host."""
+
+
+def host_stream(device: Any = None) -> HostStream:
+    """``torch.accelerator.current_stream`` on a CPU device (vLLM's gloo communicator syncs it before sending)."""
+    return HostStream()
+
+
+def cpu_standins() -> Any:
+    """``torch.Event`` and ``torch.accelerator.current_stream`` as host stand-ins, for one block (restored after)."""
+    return attributes_swapped((torch, "Event", HostEvent), (torch.accelerator, "current_stream", host_stream))
+
+
+def rank_imbalance(load: torch.Tensor, ranks: int) -> float | None:
+    """max / mean of the per-rank load ``load`` [layers, physical] (None when nothing was recorded)."""
+    per_rank = load.double().reshape(load.shape[0], ranks, -1).sum(dim=(0, 2))
+    mean = float(per_rank.mean())
+    return None if mean == 0 else float(per_rank.max()) / mean
+
+
+def projected_load(load: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """The physical load ``load`` (recorded under map ``old``) as it falls under map ``new``.
+
+    Each logical expert's load is split evenly over its replicas (what the
+    layer's hash of token indices does on average).
+    """
+    logical = torch.zeros(load.shape[0], int(max(old.max(), new.max())) + 1, dtype=torch.float64)
+    logical.scatter_add_(1, old.long(), load.double())
+    replicas = torch.zeros_like(logical).scatter_add_(1, new.long(), torch.ones_like(new, dtype=torch.float64))
+    return torch.gather(logical / replicas.clamp_min(1), 1, new.long())
+
+
+class KernelEplbState(EplbState):
+    """vLLM's EPLB state with the kernel's policy object, host timing on CPU, a report, record and replay."""
+
+    def __init__(self, parallel_config: Any, device: torch.device, policy: Any, ep_size: int,
+                 record_path: str = "", replay_path: str = "") -> None:
+        super().__init__(parallel_config, device)
+        self.kernel_policy = policy
+        self.ep_size = ep_size
+        self.record_path = record_path
+        self.replay_path = replay_path
+        self.history: list[dict[str, Any]] = []
+        describe = getattr(policy, "describe", None)
+        #: the ``eplb`` object of the report (a live dict: the runner's trace shows it as it is)
+        self.report: dict[str, Any] = {
+            "policy": getattr(policy, "name", type(policy).__name__), "policy_config": describe() if describe else {},
+            "rebalances": 0, "moved_experts": 0, "imbalance_before": None, "imbalance_after": None,
+            "imbalance_after_projected": None, "rebalance_ms": 0.0, "rebalance_ms_per_layer": None,
+            "replayed": bool(replay_path), "history": self.history}
+
+    def add_model(self, model: Any, model_config: Any, model_name: str | None = None) -> None:
+        super().add_model(model, model_config, model_name)
+        self.policy = self.kernel_policy  # vLLM's add_model set its own from the (default-only) config field
+        self.report["num_moe_layers"] = model.num_moe_layers
+        self.report["physical_experts"] = model.num_physical_experts
+        self.report["logical_experts"] = model.num_logical_experts
+        if self.replay_path:
+            self._replay(model, model_config)
+        self._record()
+
+    def _model_state(self) -> Any:
+        return next(iter(self.model_states.values()))
+
+    def step(self, is_dummy: bool = False, is_profile: bool = False, log_stats: bool = False) -> None:
+        if self.replay_path and not is_profile:
+            self.expert_rearrangement_step = 0  # a replayed map is static: the interval is never reached
+        with self._events():
+            super().step(is_dummy, is_profile, log_stats)
+
+    def _events(self) -> Any:
+        return cpu_standins() if self.device.type == "cpu" else contextlib.nullcontext()
+
+    def rearrange(self, is_profile: bool = False, rank_mapping: dict[int, int] | None = None,
+                  use_last_expert_load: bool = False) -> torch.Tensor | None:
+        if is_profile or rank_mapping is not None or use_last_expert_load:
+            with self._events():
+                return super().rearrange(is_profile, rank_mapping, use_last_expert_load)
+        state = self._model_state()
+        old = state.physical_to_logical_map.detach().cpu().clone()
+        load = state.expert_load_window.sum(dim=0).cpu()  # [layers, physical] over the window, under ``old``
+        started = time.perf_counter()
+        with self._events():
+            out = super().rearrange(is_profile, rank_mapping, use_last_expert_load)
+        took = (time.perf_counter() - started) * 1e3
+        new = state.physical_to_logical_map.detach().cpu().clone()
+        self._account(old, new, load, took)
+        self._record()
+        return out
+
+    def _account(self, old: torch.Tensor, new: torch.Tensor, load: torch.Tensor, took_ms: float) -> None:
+        measured = rank_imbalance(load, self.ep_size)
+        projected = rank_imbalance(projected_load(load, old, new), self.ep_size) if measured is not None else None
+        moved = int((old != new).sum())
+        report = self.report
+        if report["rebalances"] == 0:
+            report["imbalance_before"] = measured
+            report["imbalance_after_projected"] = projected
+        elif measured is not None:
+            report["imbalance_after"] = measured  # a window recorded under a map a rearrangement installed
+        report["rebalances"] += 1
+        report["moved_experts"] += moved
+        report["rebalance_ms"] += took_ms
+        report["rebalance_ms_per_layer"] = report["rebalance_ms"] / report["rebalances"] / old.shape[0]
+        self.history.append({"imbalance": measured, "projected": projected, "moved": moved, "ms": took_ms,
+                             "map": new.tolist()})
+
+    # -- record and replay ----------------------------------------------------------
+
+    def _record(self) -> None:
+        if not self.record_path or torch.distributed.get_rank() != 0:
+            return
+        state = self._model_state()
+        document = {"num_logical_experts": state.model.num_logical_experts,
+                    "num_physical_experts": state.model.num_physical_experts, "ep_size": self.ep_size,
+                    "physical_to_logical": state.physical_to_logical_map.cpu().tolist()}
+        path = Path(self.record_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(document))
+        tmp.replace(path)  # readers never see half a map
+
+    def _replay(self, model: Any, model_config: Any) -> None:
+        from vllm.distributed.eplb.rebalance_execute import rearrange_expert_weights_inplace
+        from vllm.distributed.parallel_state import get_ep_group
+
+        new = load_recorded_map(self.replay_path, model)
+        state = self._model_state()
+        old = state.physical_to_logical_map.clone()
+        rearrange_expert_weights_inplace(old, new.to(old.device), model.expert_weights, state.expert_buffer,
+                                         get_ep_group().device_group, state.communicator)
+        self.update_mapping(model_config, new.to(old.device))
+        self.report["moved_experts"] += int((old.cpu() != new).sum())
+
+
+def load_recorded_map(path: str, model: Any) -> torch.Tensor:
+    """A recorded physical -> logical map, checked against this model (one clear error otherwise)."""
+    try:
+        document = json.loads(Path(path).read_text())
+        new = torch.tensor(document["physical_to_logical"], dtype=torch.int64)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise KernelError(f"eplb_replay_path {path!r} is not a recorded expert map: {exc}") from None
+    expected = (model.num_moe_layers, model.num_physical_experts)
+    if tuple(new.shape) != expected:
+        raise KernelError(f"eplb_replay_path {path!r} holds a map of shape {tuple(new.shape)}; this model needs "
+                          f"{expected} (MoE layers, physical experts: check num_redundant_experts)")
+    logical = model.num_logical_experts
+    for layer, row in enumerate(new):
+        if row.min() < 0 or row.max() >= logical or torch.unique(row).numel() != logical:
+            raise KernelError(f"eplb_replay_path {path!r}: layer {layer} must place every one of the {logical} "
+                              f"logical experts (ids 0..{logical - 1}) at least once")
+    return new

@@ -1,0 +1,99 @@
+"""Dynamic EPLB end to end on two CPU ranks (TP=2 + EP), through the CLI, against transformers.
+
+The tiny DeepSeek-V2 (vLLM's router path: its routing runs in vLLM, the map
+and the load in the kernel's MoE layer) gets skewed traffic: each prompt is
+one token id repeated, without BOS (``--prompt-ids``), so its prompt tokens
+all pick the same experts. ``window_size=2, step_interval=3`` puts the first
+rearrangement after the first step and one every three steps after it, so a
+run of a few tokens crosses several; the greedy tokens must still equal
+transformers' token for token. One engine per scenario:
+
+* ``default-redundant``: vLLM's default policy with 2 redundant experts (6
+  physical experts for 4 logical ones: replicas served), the map recorded;
+* ``swap-limited``: the swap-limited policy (1 swap per layer), no replicas.
+
+Each rank's trace carries the ``eplb`` object; the recorded map must be the
+map the last rearrangement installed, and the config changes must name what
+the plugin set on vLLM's config.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.e2e.conftest import assert_same_tokens, clean_env, generate, hf_greedy
+
+pytestmark = pytest.mark.e2e
+MAX_TOKENS = 6
+PROMPT_IDS = [[263] * 8, [300] * 8]
+EXPERT_PARALLEL = ("--engine-arg", "tensor_parallel_size=2", "--engine-arg", "enable_expert_parallel=True",
+                   "--engine-arg", "max_num_seqs=4", "--engine-arg", "enable_eplb=True")
+SCENARIOS = {
+    # id -> (eplb_config, kernel settings)
+    "default-redundant": ({"window_size": 2, "step_interval": 3, "num_redundant_experts": 2}, {}),
+    "swap-limited": ({"window_size": 2, "step_interval": 3, "policy": "swap-limited"},
+                     {"ASCEND_KERNEL_EPLB_MAX_SWAPS": "1"}),
+}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from ascend_kernel.models import create_tiny_model
+
+    return create_tiny_model("deepseek_v2", tmp_path_factory.mktemp("eplb") / "deepseek_v2")
+
+
+@pytest.fixture(scope="module")
+def oracle(model):
+    return hf_greedy(model, PROMPT_IDS, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_eplb_rearranges_and_tokens_equal_transformers(model, oracle, scenario, tmp_path):
+    eplb_config, settings = SCENARIOS[scenario]
+    record = tmp_path / "expert_map.json"
+    env = clean_env(ASCEND_KERNEL_DEVICE="cpu", VLLM_CPU_OMP_THREADS_BIND="0|1", VLLM_ENABLE_V1_MULTIPROCESSING="1",
+                    ASCEND_KERNEL_EPLB_RECORD_PATH=str(record), **settings)
+    args = [*EXPERT_PARALLEL, "--engine-arg", f"eplb_config={json.dumps(eplb_config)}"]
+    for ids in PROMPT_IDS:
+        args += ["--prompt-ids", ",".join(map(str, ids))]
+    run = generate(model, *args, env=env, max_tokens=MAX_TOKENS, prompts=[])
+    assert [o["prompt_token_ids"] for o in run["outputs"]] == PROMPT_IDS  # no BOS was added
+    assert_same_tokens(model, run, oracle)
+
+    report = run["report"]
+    changed = {c["path"]: c for c in report["config_changes"]}
+    assert changed["parallel_config.enable_eplb"]["new"] == "True"
+    assert changed["parallel_config.eplb_config.use_async"]["new"] == "False"
+    assert changed["parallel_config.eplb_config.communicator"]["new"] == "torch_gloo"
+    policy = eplb_config.get("policy", "default")
+    decision = next(d for d in report["decisions"] if d["family"] == "eplb_policy")
+    assert decision["chosen"] == policy
+
+    redundant = eplb_config.get("num_redundant_experts", 0)
+    objects = [rank["trace"]["eplb"] for rank in report["ranks"]]
+    assert len(objects) == 2
+    for eplb in objects:
+        assert eplb["policy"] == policy
+        assert eplb["physical_experts"] == 4 + redundant and eplb["logical_experts"] == 4
+        assert eplb["rebalances"] >= 2, eplb  # at least one window recorded under a rearranged map
+        assert eplb["imbalance_before"] is not None and eplb["imbalance_before"] >= 1.0
+        assert eplb["imbalance_after"] is not None and eplb["imbalance_after"] >= 1.0
+        assert eplb["rebalance_ms"] > 0
+        for entry in eplb["history"]:
+            for row in entry["map"]:
+                assert sorted(set(row)) == [0, 1, 2, 3] and len(row) == 4 + redundant  # every expert placed
+        if policy == "swap-limited":
+            assert all(entry["moved"] <= 2 for entry in eplb["history"])  # 1 swap per layer, 1 MoE layer
+    # the ranks agree on every placement (vLLM's EplbState runs the policy on the all-reduced load)
+    assert [e["map"] for e in objects[0]["history"]] == [e["map"] for e in objects[1]["history"]]
+    first = objects[0]
+    if policy == "default":  # vLLM's policy replicates the hot experts: weights really moved mid-run
+        assert first["moved_experts"] > 0, first
+    if policy == "swap-limited":  # it only takes swaps that lower the hottest rank's load (no replicas to split)
+        assert first["imbalance_after_projected"] <= first["imbalance_before"] + 1e-9, first
+    recorded = json.loads(record.read_text())
+    assert recorded["physical_to_logical"] == objects[0]["history"][-1]["map"]
+    assert recorded["ep_size"] == 2

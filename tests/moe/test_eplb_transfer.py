@@ -1,0 +1,155 @@
+"""Two gloo ranks: vLLM's EPLB weight mover on the kernel's layouts, then the kernel's layer on the moved map.
+
+Each rank holds 3 of 6 physical experts (4 logical + 2 replicas) of one
+layer, in both layouts the kernel's MoE layer stores: the seam's
+``[local, H, 2I]`` / ``[local, I, H]`` and vLLM-CPU's prepacked one. vLLM's
+``rearrange_expert_weights_inplace`` moves them over the torch_gloo
+communicator to a new placement (vLLM's default policy on a skewed load),
+under the plugin's CPU stand-ins. Then:
+
+* every physical slot holds exactly the weights of the logical expert the
+  new map names (compared with weights built directly for that map);
+* the kernel's MoE path (logical ids -> ``to_physical`` through the new map,
+  replicas chosen by vLLM's hash -> the all-gather comm method -> this
+  rank's experts -> TP all-reduce) gives the output of the dense float64
+  mixture over the logical experts: moving experts changes no token.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+WORLD, LOGICAL, PHYSICAL, HIDDEN, INTER, TOP_K = 2, 4, 6, 32, 32, 2
+OLD = [0, 1, 2, 3, 0, 1]
+
+
+def logical_weights():
+    gen = torch.Generator().manual_seed(0)
+    w13 = torch.randn(LOGICAL, 2 * INTER, HIDDEN, generator=gen) * 0.2  # vLLM's layout
+    w2 = torch.randn(LOGICAL, HIDDEN, INTER, generator=gen) * 0.2
+    return w13, w2
+
+
+def dense_reference(x, weights, ids, w13, w2):
+    x, w13, w2 = x.double(), w13.double(), w2.double()
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            gate_up = w13[e] @ x[t]
+            h = torch.nn.functional.silu(gate_up[:INTER]) * gate_up[INTER:]
+            out[t] += float(weights[t, j]) * (w2[e] @ h)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    import torch.distributed as dist
+    from vllm.distributed.eplb.eplb_communicator import TorchDistGlooStagedEplbCommunicator
+    from vllm.distributed.eplb.eplb_state import compute_logical_maps
+    from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
+    from vllm.distributed.eplb.rebalance_execute import rearrange_expert_weights_inplace
+
+    from ascend_kernel.ops import moe_cpu
+    from ascend_kernel.ops.reference import ReferenceOps
+    from ascend_kernel_plugins.eplb.state import cpu_standins
+    from ascend_kernel_plugins.moe_comm.eplb_map import to_physical
+    from ascend_kernel_plugins.moe_comm.experts import LocalExperts, slot_table
+    from ascend_kernel_plugins.moe_comm.methods.allgather import AllGatherMethod
+    from ascend_kernel_plugins.moe_comm.parallel import MoEParallel
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    world = dist.group.WORLD
+    local = PHYSICAL // WORLD
+    w13, w2 = logical_weights()
+    old = torch.tensor([OLD])
+    new = DefaultEplbPolicy.rebalance_experts(torch.tensor([[0, 90, 80, 5]]), PHYSICAL, 1, 1, WORLD, old)
+
+    def held(placement: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        mine = placement[rank * local:(rank + 1) * local]
+        return w13[mine], w2[mine]
+
+    ops = ReferenceOps()
+    slots = slot_table(torch.tensor([[i - r * local if r * local <= i < (r + 1) * local else -1
+                                      for i in range(PHYSICAL)] for r in range(WORLD)]), local)
+    seam = LocalExperts.build(*held(OLD), slots, local, ops, allow_fused=False)
+    packed = moe_cpu.CpuFusedExperts.from_vllm_layout(*held(OLD)) if moe_cpu._kernel_available() else None
+    layers = [[seam.w13.view(local, -1), seam.w2.view(local, -1)]]
+    if packed is not None:
+        layers[0] += [packed.w13.view(local, -1), packed.w2.view(local, -1)]
+    communicator = TorchDistGlooStagedEplbCommunicator(world)
+    with cpu_standins():
+        rearrange_expert_weights_inplace(old, new, layers, [torch.empty_like(w) for w in layers[0]], world,
+                                         communicator)
+    want = LocalExperts.build(*held(new[0].tolist()), slots, local, ops, allow_fused=False)
+    result = {"new": new, "seam_w13": torch.equal(seam.w13, want.w13), "seam_w2": torch.equal(seam.w2, want.w2)}
+    if packed is not None:
+        want_packed = moe_cpu.CpuFusedExperts.from_vllm_layout(*held(new[0].tolist()))
+        result["packed"] = torch.equal(packed.w13, want_packed.w13) and torch.equal(packed.w2, want_packed.w2)
+
+    l2p, count = compute_logical_maps(new, LOGICAL)
+    state = SimpleNamespace(logical_to_physical_map=l2p[0], logical_replica_count=count[0],
+                            expert_load_view=torch.zeros(PHYSICAL, dtype=torch.int32),
+                            should_record_tensor=torch.tensor(True),
+                            num_unpadded_tokens_tensors=[torch.tensor(9, dtype=torch.int32)])
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(9, HIDDEN, generator=gen)
+    ids = torch.tensor([[1, 2]] * 6 + [[0, 3]] * 3)  # skewed: most tokens pick experts 1 and 2
+    weights = torch.softmax(torch.randn(9, TOP_K, generator=gen), dim=-1)
+    parallel = MoEParallel(world, rank, WORLD, rank, WORLD)
+    outs = {}
+    for name, experts in (("seam", seam), ("packed", None if packed is None else
+                                           LocalExperts(seam.w13.new_empty(local, 0, 0),
+                                                        seam.w13.new_empty(local, 0, 0), slots, local, ops,
+                                                        packed))):
+        if experts is None:
+            continue
+        state.expert_load_view.zero_()
+        out, _ = AllGatherMethod(ops).run(x, weights, to_physical(ids, state), experts, parallel)
+        dist.all_reduce(out)
+        outs[name] = out
+    result.update(outs=outs, x=x, ids=ids, weights=weights, load=state.expert_load_view.clone())
+    torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    import torch.multiprocessing as mp
+
+    where = tmp_path_factory.mktemp("eplb_ranks")
+    mp.spawn(_worker, args=(_free_port(), str(where)), nprocs=WORLD, join=True)
+    return [torch.load(where / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def test_vllms_mover_moves_both_layouts_in_place(ranks):
+    new = ranks[0]["new"][0].tolist()
+    assert new != OLD and sorted(set(new)) == [0, 1, 2, 3]  # a real move, every expert still placed
+    for rank in ranks:
+        assert rank["seam_w13"] and rank["seam_w2"]
+        assert rank.get("packed", True)
+
+
+def test_kernel_layer_on_the_moved_map_equals_the_dense_mixture(ranks):
+    w13, w2 = logical_weights()
+    first = ranks[0]
+    want = dense_reference(first["x"], first["weights"], first["ids"], w13, w2)
+    for rank in ranks:
+        for name, out in rank["outs"].items():
+            torch.testing.assert_close(out.double(), want, rtol=1e-4, atol=1e-4, msg=name)
+    # both ranks saw the same tokens and counted each (token, expert) pair once, on a slot of its expert
+    new = first["new"][0]
+    load = first["load"]
+    assert int(load.sum()) == first["ids"].numel()
+    per_logical = torch.zeros(4, dtype=torch.int64).scatter_add_(0, new, load.long())
+    assert per_logical.tolist() == torch.bincount(first["ids"].reshape(-1), minlength=4).tolist()
