@@ -80,6 +80,24 @@ def _fail(message: str, status: int) -> int:
     return status
 
 
+def eplb_into_settings(args: Any, argv: Sequence[str]) -> None:
+    """``--enable-eplb`` / ``--eplb-config`` for the EPLB plugin, as ``generate`` hands them over.
+
+    vLLM's config refuses EPLB off CUDA/XPU before any platform hook runs, so
+    the flags travel in the kernel's section of ``additional_config`` and the
+    EPLB plugin sets them on vLLM's config itself, recorded (plugins/eplb/admission.py).
+    """
+    if not getattr(args, "enable_eplb", False):
+        return
+    from ascend_kernel.cli.main import _eplb_request
+
+    extra: dict[str, Any] = {"enable_eplb": True, "additional_config": dict(args.additional_config or {})}
+    if any(a.startswith(("--eplb-config", "--eplb_config")) for a in argv):  # also --eplb-config.window_size=4
+        extra["eplb_config"] = args.eplb_config
+    _eplb_request(extra)
+    args.additional_config, args.enable_eplb = extra["additional_config"], False
+
+
 def main(argv: Sequence[str]) -> int:
     from ascend_kernel.cli import engine
     from ascend_kernel.errors import KernelError
@@ -102,6 +120,7 @@ def main(argv: Sequence[str]) -> int:
         args = root.parse_args(["serve", *argv])  # vLLM's own argument errors: its usage line, exit status 2
     except KernelError as exc:  # the kernel's checks of flag values inside vLLM's parser
         return _fail(str(exc), 2)
+    eplb_into_settings(args, argv)
     if MIDDLEWARE not in args.middleware:
         args.middleware.append(MIDDLEWARE)
     configure_logging_from_args(args)
