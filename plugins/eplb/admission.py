@@ -21,6 +21,7 @@ A configuration the deployment cannot run stops start-up here with the reason.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ascend_kernel.config_changes import ConfigChange, change
@@ -31,12 +32,15 @@ POLICY_KEY = "policy"
 REFUSED_HERE = "vLLM's ParallelConfig refuses EPLB off CUDA/XPU; on the kernel's platforms the eplb plugin runs it"
 
 
-def eplb_config_of(given: dict[str, Any]) -> tuple[Any, str]:
-    """vLLM's ``EPLBConfig`` for the user's fields (synchronous), and the policy name they asked for."""
+def eplb_config_of(given: dict[str, Any] | str) -> tuple[Any, str]:
+    """vLLM's ``EPLBConfig`` for the user's fields (synchronous), and the policy name they asked for.
+
+    ``given`` is the fields, or the setting's JSON text of them (empty: vLLM's defaults).
+    """
     from pydantic import ValidationError
     from vllm.config.parallel import EPLBConfig
 
-    fields = dict(given)
+    fields = dict(json.loads(given) if isinstance(given, str) and given.strip() else given or {})
     policy = str(fields.pop(POLICY_KEY, "default"))
     if fields.get("use_async"):
         raise KernelError("eplb_config use_async=True is not available on the kernel's platforms: the "

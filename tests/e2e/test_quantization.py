@@ -288,7 +288,10 @@ def _quantized_experts(model: Path, out: Path, scheme: str) -> Path:
     ascendv1 saver's). Both schemes hold the same int4-range values and scales,
     so the W8A8_DYNAMIC checkpoint is the int4 one's unpacked twin.
     """
-    from msmodelslim.core.quant_service.modelslim_v1.save.utils.pack import process_scale, w4a8_pack_int4
+    from tests.msmodelslim_pack import load
+
+    pack = load()
+    process_scale, w4a8_pack_int4 = pack.process_scale, pack.w4a8_pack_int4
 
     shutil.copytree(model, out)
     tensors = load_file(out / "model.safetensors")
@@ -361,18 +364,20 @@ def test_compressed_tensors_int8_experts_run_the_kernels_moe_layer_under_expert_
     assert tokens(result) == int8_experts_tp1
 
 
-def test_int4_experts_equal_their_int8_twin_and_take_all_to_all_on_a2(int4_experts, int8_experts_tp1):
+def test_int4_experts_equal_their_int8_twin_through_mc2_and_all_to_all(int4_experts, int8_experts_tp1):
     """W4A8_DYNAMIC experts (msModelSlim's packed int4): at TP=1 exactly the tokens of the same values stored as
-    W8A8_DYNAMIC (unpacking, scales and loading are right); at TP=2 + EP planned for an A2, the policy reads the
-    checkpoint's int4 experts and takes all-to-all (all-gather EP cannot serve them there), with the same tokens."""
+    W8A8_DYNAMIC (unpacking, scales and loading are right); at TP=2 + EP planned for an A2 with MC2 allowed, decode
+    batches take MC2 and the prefill, over MC2's capacity, all-to-all: the policy read the checkpoint's int4
+    experts (otherwise all-gather, as naive multicast for a prefill), and the tokens are the same."""
     tp1 = generate(int4_experts, "--dtype", "float32", env=KERNEL, max_tokens=MAX_TOKENS, prompts=PROMPTS[:2])
     assert tp1["report"]["quantization"]["int8_layers"] == {"experts:W4A8_DYNAMIC": 2}
     assert tokens(tp1) == int8_experts_tp1
-    env = clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_SOC="A2", VLLM_CPU_OMP_THREADS_BIND="0|1")
+    env = clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_SOC="A2", ASCEND_KERNEL_MC2_MIN_WORLD_SIZE="2",
+                    VLLM_CPU_OMP_THREADS_BIND="0|1")
     ep = generate(int4_experts, "--dtype", "float32", *EXPERT_PARALLEL, env=env, max_tokens=MAX_TOKENS,
                   prompts=PROMPTS[:2])
     assert tokens(ep) == int8_experts_tp1
-    assert set(ep["report"]["trace"]["moe_methods"]) == {"alltoall"}
+    assert set(ep["report"]["trace"]["moe_methods"]) == {"mc2", "alltoall"}
 
 
 def test_unserved_expert_schemes_are_refused_naming_what_is_served(int4_experts, tmp_path):
