@@ -143,7 +143,7 @@ class AscendSchemes:
             from ascend_kernel_plugins.quantization.int8_experts import AscendInt4FusedMoEMethod, AscendInt8FusedMoEMethod
 
             kind = next(iter(kinds))
-            self.stats.layers["experts:" + kind] = self.stats.layers.get("experts:" + kind, 0) + 1
+            self.stats.add_experts(kind)
             method = AscendInt4FusedMoEMethod if kind == W4A8_DYNAMIC else AscendInt8FusedMoEMethod
             return method(layer.moe_config)
         raise QuantizationError(

@@ -52,7 +52,7 @@ class SeamCompressedTensorsConfig(CompressedTensorsConfig):
         if isinstance(layer, RoutedExperts) and self.int8_experts(layer, prefix):
             from ascend_kernel_plugins.quantization.int8_experts import AscendInt8FusedMoEMethod
 
-            self.seam_stats.layers["experts:W8A8_DYNAMIC"] = self.seam_stats.layers.get("experts:W8A8_DYNAMIC", 0) + 1
+            self.seam_stats.add_experts("W8A8_DYNAMIC")
             return AscendInt8FusedMoEMethod(layer.moe_config)
         return super().get_quant_method(layer, prefix)
 

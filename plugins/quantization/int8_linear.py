@@ -75,6 +75,11 @@ class LayerStats:
         self.kept_bytes += executor.weight_bytes()
         self.float32_bytes += 4 * weight.numel()
 
+    def add_experts(self, scheme: str) -> None:
+        """One MoE layer whose experts are ``scheme`` (their bytes live in the MoE layer, not counted here)."""
+        key = f"experts:{scheme}"
+        self.layers[key] = self.layers.get(key, 0) + 1
+
     def as_dict(self) -> dict[str, Any]:
         ratio = self.kept_bytes / self.float32_bytes if self.float32_bytes else None
         return {"int8_layers": dict(self.layers), "executors": dict(self.executors), "kept_bytes": self.kept_bytes,
