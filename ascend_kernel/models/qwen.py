@@ -1,4 +1,4 @@
-"""The Qwen family: Qwen2-MoE (experts plus a gated shared expert) and Qwen3-Next (linear + full attention)."""
+"""The Qwen family: Qwen2-MoE (experts plus a gated shared expert), Qwen3-MoE (routed experts only) and Qwen3-Next."""
 
 from __future__ import annotations
 
@@ -20,6 +20,18 @@ def qwen2_moe_config(vocab_size: int) -> Any:
                      use_sliding_window=False)
 
 
+def qwen3_moe_config(vocab_size: int) -> Any:
+    """Qwen3-MoE: 4 experts top-2, renormalised, no shared expert, head_dim 64 with q/k norms.
+
+    Its routing is plain softmax top-k, so the kernel's MoE layer routes it
+    with the seam's gating op; vLLM's model is a ``MixtureOfExperts`` (EPLB).
+    """
+    from transformers import Qwen3MoeConfig
+
+    return config_of(Qwen3MoeConfig, vocab_size, {**DECODER, **ROPE, **SMALL_MOE}, head_dim=64,
+                     norm_topk_prob=True, mlp_only_layers=[], use_sliding_window=False)
+
+
 def qwen3_next_config(vocab_size: int) -> Any:
     """Qwen3-Next: gated delta-net linear attention + full attention, MoE (vLLM-CPU runs it in bfloat16)."""
     from transformers import Qwen3NextConfig
@@ -33,5 +45,6 @@ def qwen3_next_config(vocab_size: int) -> Any:
 
 RECIPES: dict[str, Recipe] = {
     "qwen2_moe": Recipe(qwen2_moe_config),
+    "qwen3_moe": Recipe(qwen3_moe_config),
     "qwen3_next": Recipe(qwen3_next_config),
 }

@@ -76,9 +76,8 @@ def ascend_kernel_model_loaded(runner: Any) -> list[str] | None:
     policy = choose_policy(kernel, runner.vllm_config, eplb_config_of(settings.eplb_config)[1])
     state = KernelEplbState(parallel, runner.device, policy, get_ep_group().world_size,
                             settings.eplb_record_path, settings.eplb_replay_path)
+    state.attach(model, methods)
     state.add_model(model, runner.model_config)
-    for layer, method in zip(model.moe_layers, methods):
-        method.attach_eplb(layer.eplb_state)
     runner.eplb_state = state
     set_runner_moe_model(runner, model)
     runner.kernel_trace.counters["eplb"] = state.report  # the report's eplb object, per rank

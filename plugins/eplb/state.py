@@ -19,7 +19,14 @@ read. What differs:
 * record and replay (the seed's ``expert_map_record_path``): the map is
   written as JSON at start and after every rearrangement; a replayed map is
   moved into place at start (vLLM's weight mover, then ``update_mapping``)
-  and kept: no rearrangement follows.
+  and kept: no rearrangement follows;
+* an interrupted move stops the rank's MoE layers. vLLM moves the weights
+  layer by layer and commits the new map only after the last layer, so a
+  peer that dies mid-transfer leaves this rank with some layers' weights
+  already moved under the old map: serving on would route tokens to the
+  wrong experts. The failure therefore detaches every MoE layer from the
+  maps (each then refuses to run, naming the cause) and raises, so the
+  rank never answers with a half-updated placement (:func:`stop_on_interruption`).
 """
 
 from __future__ import annotations
@@ -92,6 +99,30 @@ def projected_load(load: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> 
     return torch.gather(logical / replicas.clamp_min(1), 1, new.long())
 
 
+class StoppedExperts:
+    """The EPLB state of a MoE layer whose rearrangement was interrupted: every read refuses, naming why."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __getattr__(self, name: str) -> Any:
+        raise KernelError(self.reason)
+
+
+@contextlib.contextmanager
+def stop_on_interruption(methods: list[Any], rank: int) -> Any:
+    """Run a weight move; if it fails, detach ``methods`` (the MoE layers' methods) from EPLB and raise."""
+    try:
+        yield
+    except Exception as exc:
+        reason = (f"EPLB rearrangement interrupted on expert-parallel rank {rank} ({type(exc).__name__}: {exc}): "
+                  "expert weights may be half-moved and the new map was never committed, so this rank's MoE "
+                  "layers stop serving; restart the engine (eplb_record_path keeps the last committed map)")
+        for method in methods:
+            method.attach_eplb(StoppedExperts(reason))
+        raise KernelError(reason) from exc
+
+
 class KernelEplbState(EplbState):
     """vLLM's EPLB state with the kernel's policy object, host timing on CPU, a report, record and replay."""
 
@@ -103,6 +134,8 @@ class KernelEplbState(EplbState):
         self.record_path = record_path
         self.replay_path = replay_path
         self.history: list[dict[str, Any]] = []
+        #: the MoE methods reading this state's maps (:meth:`attach`)
+        self.methods: list[Any] = []
         describe = getattr(policy, "describe", None)
         #: the ``eplb`` object of the report (a live dict: the runner's trace shows it as it is)
         self.report: dict[str, Any] = {
@@ -120,6 +153,19 @@ class KernelEplbState(EplbState):
         if self.replay_path:
             self._replay(model, model_config)
         self._record()
+
+    def attach(self, model: Any, methods: list[Any]) -> None:
+        """Have each MoE layer's kernel method read its live maps and record its load."""
+        for layer, method in zip(model.moe_layers, methods):
+            method.attach_eplb(layer.eplb_state)
+        self.methods = list(methods)
+
+    def _moving(self) -> Any:
+        """The scope of a weight move: host stand-ins on CPU, the layers stopped if it is interrupted."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(stop_on_interruption(self.methods, torch.distributed.get_rank()))
+        stack.enter_context(self._events())
+        return stack
 
     def _model_state(self) -> Any:
         return next(iter(self.model_states.values()))
@@ -142,7 +188,7 @@ class KernelEplbState(EplbState):
         old = state.physical_to_logical_map.detach().cpu().clone()
         load = state.expert_load_window.sum(dim=0).cpu()  # [layers, physical] over the window, under ``old``
         started = time.perf_counter()
-        with self._events():
+        with self._moving():
             out = super().rearrange(is_profile, rank_mapping, use_last_expert_load)
         took = (time.perf_counter() - started) * 1e3
         new = state.physical_to_logical_map.detach().cpu().clone()
@@ -189,8 +235,9 @@ class KernelEplbState(EplbState):
         new = load_recorded_map(self.replay_path, model)
         state = self._model_state()
         old = state.physical_to_logical_map.clone()
-        rearrange_expert_weights_inplace(old, new.to(old.device), model.expert_weights, state.expert_buffer,
-                                         get_ep_group().device_group, state.communicator)
+        with self._moving():
+            rearrange_expert_weights_inplace(old, new.to(old.device), model.expert_weights, state.expert_buffer,
+                                             get_ep_group().device_group, state.communicator)
         self.update_mapping(model_config, new.to(old.device))
         self.report["moved_experts"] += int((old.cpu() != new).sum())
 

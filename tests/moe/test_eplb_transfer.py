@@ -13,11 +13,20 @@ under the plugin's CPU stand-ins. Then:
   replicas chosen by vLLM's hash -> the all-gather comm method -> this
   rank's experts -> TP all-reduce) gives the output of the dense float64
   mixture over the logical experts: moving experts changes no token.
+
+Then, in the same two processes, a fault: a second move of two layers during
+which rank 1 dies (``os._exit``) after the first layer's transfer. Rank 0 runs
+the move under the EPLB plugin's :func:`stop_on_interruption`, as the
+plugin's state does: the dead peer must surface as one error naming the
+interruption (no hang), the first layer is already moved while the map is not
+(the danger), and the layer detached by the guard refuses to route.
 """
 
 from __future__ import annotations
 
+import os
 import socket
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,6 +35,9 @@ import torch
 
 WORLD, LOGICAL, PHYSICAL, HIDDEN, INTER, TOP_K = 2, 4, 6, 32, 32, 2
 OLD = [0, 1, 2, 3, 0, 1]
+#: the fault's target placement: rank 0 needs expert 3, which only rank 1 holds (a receive it never completes)
+MOVED = [3, 1, 2, 0, 1, 2]
+DIED = 3
 
 
 def logical_weights():
@@ -68,7 +80,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     from ascend_kernel_plugins.moe_comm.methods.allgather import AllGatherMethod
     from ascend_kernel_plugins.moe_comm.parallel import MoEParallel
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=60))  # a hang fails the test instead of stalling it
     world = dist.group.WORLD
     local = PHYSICAL // WORLD
     w13, w2 = logical_weights()
@@ -120,7 +133,58 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         outs[name] = out
     result.update(outs=outs, x=x, ids=ids, weights=weights, load=state.expert_load_view.clone())
     torch.save(result, Path(out_dir) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    fault = _interrupted_move(rank, world, w13, held, ids, state)  # rank 1 does not return from it
+    torch.save(fault, Path(out_dir) / "fault.pt")
+
+
+class BoundLayer:
+    """The one thing the guard needs of a MoE method: ``attach_eplb``, the map source ``to_physical`` reads."""
+
+    def __init__(self, eplb) -> None:
+        self.eplb = eplb
+
+    def attach_eplb(self, layer_state) -> None:
+        self.eplb = layer_state
+
+
+def _interrupted_move(rank, world, w13, held, ids, state):
+    """Two layers moved from ``OLD`` to ``MOVED``; rank 1 exits after the first layer's transfer."""
+    from vllm.distributed.eplb.eplb_communicator import TorchDistGlooStagedEplbCommunicator
+    from vllm.distributed.eplb.rebalance_execute import rearrange_expert_weights_inplace
+
+    from ascend_kernel.errors import KernelError
+    from ascend_kernel_plugins.eplb.state import cpu_standins, stop_on_interruption
+    from ascend_kernel_plugins.moe_comm.eplb_map import to_physical
+
+    layers = [[held(OLD)[0].clone().reshape(PHYSICAL // WORLD, -1)] for _ in range(2)]
+    communicator = TorchDistGlooStagedEplbCommunicator(world)
+    transfers = {"done": 0}
+    execute = communicator.execute
+
+    def execute_then_die() -> None:
+        if rank == 1 and transfers["done"] == 1:
+            os._exit(DIED)  # mid-move: layer 0 went through, layer 1 never will
+        execute()
+        transfers["done"] += 1
+
+    communicator.execute = execute_then_die
+    layer = BoundLayer(state)
+    outcome = {"error": None}
+    try:
+        with stop_on_interruption([layer], rank), cpu_standins():
+            rearrange_expert_weights_inplace(torch.tensor([OLD, OLD]), torch.tensor([MOVED, MOVED]), layers,
+                                             [torch.empty_like(layers[0][0])], world, communicator)
+    except KernelError as exc:
+        outcome["error"] = str(exc)
+    mine = slice(rank * (PHYSICAL // WORLD), (rank + 1) * (PHYSICAL // WORLD))
+    outcome["moved"] = [torch.equal(layer_weights[0], w13[MOVED[mine]].reshape(PHYSICAL // WORLD, -1))
+                        for layer_weights in layers]
+    try:
+        to_physical(ids, layer.eplb)
+        outcome["routed_after"] = "routed"
+    except KernelError as exc:
+        outcome["routed_after"] = str(exc)
+    return outcome
 
 
 @pytest.fixture(scope="module")
@@ -128,8 +192,15 @@ def ranks(tmp_path_factory):
     import torch.multiprocessing as mp
 
     where = tmp_path_factory.mktemp("eplb_ranks")
-    mp.spawn(_worker, args=(_free_port(), str(where)), nprocs=WORLD, join=True)
-    return [torch.load(where / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    context = mp.start_processes(_worker, args=(_free_port(), str(where)), nprocs=WORLD, join=False,
+                                 start_method="spawn")
+    for process in context.processes:
+        process.join(timeout=300)
+    codes = [process.exitcode for process in context.processes]
+    assert codes == [0, DIED], codes  # rank 0 survives the fault; rank 1 died where the test made it
+    ranks = [torch.load(where / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    ranks[0]["fault"] = torch.load(where / "fault.pt", weights_only=False)
+    return ranks
 
 
 def test_vllms_mover_moves_both_layouts_in_place(ranks):
@@ -153,3 +224,13 @@ def test_kernel_layer_on_the_moved_map_equals_the_dense_mixture(ranks):
     assert int(load.sum()) == first["ids"].numel()
     per_logical = torch.zeros(4, dtype=torch.int64).scatter_add_(0, new, load.long())
     assert per_logical.tolist() == torch.bincount(first["ids"].reshape(-1), minlength=4).tolist()
+
+
+def test_a_rank_dying_mid_move_stops_the_survivors_moe_layers(ranks):
+    fault = ranks[0]["fault"]
+    assert fault["error"] is not None and "EPLB rearrangement interrupted on expert-parallel rank 0" in fault["error"]
+    assert "new map was never committed" in fault["error"]
+    # the danger the guard answers: layer 0's weights already follow the new placement, layer 1's do not
+    assert fault["moved"] == [True, False], fault["moved"]
+    # and the guard's answer: the layer no longer routes; it names the interruption instead
+    assert fault["routed_after"] == fault["error"]
