@@ -7,7 +7,7 @@ placement, moves the weights in place over the EPLB group's communicator
 (``rearrange_expert_weights_inplace``) and commits the maps the MoE layers
 read. What differs:
 
-* on a CPU device, ``rearrange`` runs with host stand-ins for what vLLM asks
+* on a CPU device, ``rearrange`` (and only it) runs with host stand-ins for what vLLM asks
   of an accelerator: ``torch.Event(enable_timing=True).record()`` raises
   there ("cpu backend doesn't support events") and the gloo communicator's
   ``torch.accelerator.current_stream().synchronize()`` finds no accelerator;
@@ -171,10 +171,10 @@ class KernelEplbState(EplbState):
         return next(iter(self.model_states.values()))
 
     def step(self, is_dummy: bool = False, is_profile: bool = False, log_stats: bool = False) -> None:
+        # every step runs this: the stand-ins are entered by rearrange only, the one place vLLM needs them
         if self.replay_path and not is_profile:
             self.expert_rearrangement_step = 0  # a replayed map is static: the interval is never reached
-        with self._events():
-            super().step(is_dummy, is_profile, log_stats)
+        super().step(is_dummy, is_profile, log_stats)
 
     def _events(self) -> Any:
         return cpu_standins() if self.device.type == "cpu" else contextlib.nullcontext()

@@ -14,7 +14,11 @@ place by every rearrangement, so each batch reads the live map):
   ``num_unpadded_tokens`` tokens adds 1 to its physical expert's entry of
   ``expert_load_view``: padding never counts.
 
-No value is read back to the host (the counts stay on the device).
+No value is read back to the host (the counts stay on the device). The
+token indices and their hashes are the same for every layer and step of a
+given size, so they are computed once per device, as a table that grows to
+the largest batch (the profile run's, before any graph capture) and is sliced
+per call: the map costs a few kernels per layer, not a dozen.
 """
 
 from __future__ import annotations
@@ -27,14 +31,31 @@ import torch
 KNUTH_MULTIPLIER = 2654435769
 
 
+#: device -> (token indices [N, 1], their replica hashes [N, 1]) for the largest N seen
+_TOKEN_HASHES: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def token_hashes(count: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token indices 0..count-1 as [count, 1] and vLLM's replica hash of each (views of a per-device table)."""
+    table = _TOKEN_HASHES.get(device)
+    if table is None or table[0].shape[0] < count:
+        tokens = torch.arange(max(count, 2 * (0 if table is None else table[0].shape[0])), device=device,
+                              dtype=torch.int64).unsqueeze(1)
+        table = _TOKEN_HASHES[device] = (tokens, (tokens * KNUTH_MULTIPLIER) & 0xFFFFFFFF)
+    return table[0][:count], table[1][:count]
+
+
 def to_physical(topk_ids: torch.Tensor, state: Any) -> torch.Tensor:
-    """Physical expert ids [T, K] for logical ``topk_ids`` [T, K]; records the load of the unpadded tokens."""
-    ids = topk_ids.long()
-    tokens = torch.arange(ids.shape[0], device=ids.device, dtype=torch.int64).unsqueeze(1)
-    replicas = state.logical_replica_count[ids].clamp_min(1)
-    replica = ((tokens * KNUTH_MULTIPLIER) & 0xFFFFFFFF) % replicas
-    physical = state.logical_to_physical_map[ids, replica]
+    """Physical expert ids [T, K] for logical ``topk_ids`` [T, K]; records the load of the unpadded tokens.
+
+    Every logical expert has at least one replica (vLLM's maps place each), so
+    the replica count is never 0. Recording is on when the step's
+    ``should_record`` is set: the limit is then the unpadded token count, else 0.
+    """
+    tokens, hashes = token_hashes(topk_ids.shape[0], topk_ids.device)
+    replica = hashes % state.logical_replica_count[topk_ids]
+    physical = state.logical_to_physical_map[topk_ids, replica]
     load = state.expert_load_view
-    counted = (tokens < state.num_unpadded_tokens_tensors[0]) & state.should_record_tensor
-    load.index_add_(0, physical.reshape(-1), counted.expand_as(physical).reshape(-1).to(load.dtype))
+    limit = state.num_unpadded_tokens_tensors[0] * state.should_record_tensor
+    load.index_add_(0, physical.view(-1), (tokens < limit).to(load.dtype).expand_as(physical).reshape(-1))
     return physical.to(topk_ids.dtype)

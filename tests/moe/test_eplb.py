@@ -54,6 +54,11 @@ def test_to_physical_follows_vllms_replica_rule_and_counts_unpadded_tokens():
     quiet = layer_state(p2l, 4, unpadded=7, record=False)
     assert torch.equal(to_physical(ids, quiet), physical)
     assert int(quiet.expert_load_view.sum()) == 0
+    # the per-device token table grows past its size and still slices the same hashes; int32 ids stay int32
+    many = torch.tensor([[0, 1]] * 300, dtype=torch.int32)
+    wide = to_physical(many, layer_state(p2l, 4, unpadded=300, record=False))
+    assert wide.dtype == torch.int32 and torch.equal(wide[:6].long(), physical[:6])
+    assert torch.equal(to_physical(ids, quiet), physical)
 
 
 def test_default_policy_is_vllms():
