@@ -12,9 +12,14 @@ change recorded with its reason:
 * ``eplb_config.use_async`` -> False: the rearrangement runs synchronously
   between steps (vLLM's async worker needs device streams and events; CPU
   torch events cannot ``record()``);
-* ``eplb_config.communicator`` -> ``torch_gloo``: expert weights move over the
-  EPLB group's gloo twin (vLLM's staged communicator), which is what vLLM
-  picks itself where NIXL is absent.
+* ``eplb_config.communicator``, unless the user named one: on an NPU
+  ``torch_nccl``, vLLM's ``torch.distributed`` isend/irecv communicator over
+  the EP group's device group, which is HCCL there: expert weights move
+  device to device (vLLM avoids it on CUDA for async EPLB's stream conflicts
+  and NCCL's batched-send hangs; the kernel's rearrangement is synchronous);
+  on a CPU device ``torch_gloo``, the EP group's gloo twin (vLLM's staged
+  communicator, what vLLM picks itself where NIXL is absent). ``pynccl`` and
+  ``nixl`` are CUDA-only and refused.
 
 A configuration the deployment cannot run stops start-up here with the reason.
 """
@@ -30,6 +35,10 @@ from ascend_kernel.errors import KernelError
 #: the eplb_config key that names the kernel's policy (vLLM's own field only knows "default")
 POLICY_KEY = "policy"
 REFUSED_HERE = "vLLM's ParallelConfig refuses EPLB off CUDA/XPU; on the kernel's platforms the eplb plugin runs it"
+#: device kind -> the weight mover vLLM's EplbState builds (its ``eplb_config.communicator`` names)
+COMMUNICATOR_FOR = {"npu": "torch_nccl", "cpu": "torch_gloo"}
+#: vLLM's communicators that need CUDA (NCCL through pynccl, NIXL RDMA)
+CUDA_ONLY_COMMUNICATORS = ("pynccl", "nixl")
 
 
 def eplb_config_of(given: dict[str, Any] | str) -> tuple[Any, str]:
@@ -74,7 +83,22 @@ def check_deployment(vllm_config: Any, num_redundant: int) -> None:
                           "(choose num_redundant_experts accordingly)")
 
 
-def admit(settings: Any, vllm_config: Any) -> list[ConfigChange]:
+def communicator_for(config: Any, device_kind: str) -> tuple[str, str]:
+    """The EPLB weight communicator for this device, and why (the user's choice stands if it can run here)."""
+    chosen = config.communicator
+    if chosen in CUDA_ONLY_COMMUNICATORS:
+        raise KernelError(f"eplb_config communicator {chosen!r} needs CUDA; on the kernel's platforms use "
+                          f"'torch_nccl' (HCCL on an NPU) or 'torch_gloo' (host-staged), or leave it unset")
+    if chosen is not None:
+        return chosen, "the communicator given in eplb_config"
+    chosen = COMMUNICATOR_FOR.get(device_kind, "torch_gloo")
+    if chosen == "torch_nccl":
+        return chosen, ("expert weights move device to device over the EP group's device group (HCCL): "
+                        "vLLM's torch.distributed isend/irecv communicator, run synchronously")
+    return chosen, "expert weights move over the EP group's gloo twin (vLLM's staged communicator)"
+
+
+def admit(settings: Any, vllm_config: Any, device_kind: str) -> list[ConfigChange]:
     """Set vLLM's EPLB fields from the plugin's settings (nothing when EPLB is off)."""
     if not settings.enable_eplb:
         if settings.eplb_config:
@@ -84,13 +108,15 @@ def admit(settings: Any, vllm_config: Any) -> list[ConfigChange]:
     config, _policy = eplb_config_of(settings.eplb_config)
     check_deployment(vllm_config, config.num_redundant_experts)
     requested_async = config.use_async
-    config.communicator = "torch_gloo"
+    requested_communicator = config.communicator
+    config.communicator, communicator_reason = communicator_for(config, device_kind)
     changes = [change(vllm_config, "parallel_config.enable_eplb", True, REFUSED_HERE),
                change(vllm_config, "parallel_config.eplb_config", config, f"eplb_config from the kernel's settings; "
                       f"{REFUSED_HERE}")]
     changes.append(ConfigChange("parallel_config.eplb_config.use_async", True, requested_async,
                                 "synchronous rearrangement between steps: vLLM's async EPLB worker needs device "
                                 "streams and events (CPU torch events cannot record())"))
-    changes.append(ConfigChange("parallel_config.eplb_config.communicator", None, "torch_gloo",
-                                "expert weights move over the EPLB group's gloo twin (vLLM's staged communicator)"))
+    if requested_communicator is None:
+        changes.append(ConfigChange("parallel_config.eplb_config.communicator", None, config.communicator,
+                                    communicator_reason))
     return [c for c in changes if c is not None]

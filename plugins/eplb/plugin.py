@@ -32,7 +32,7 @@ def ascend_kernel_settings() -> type[EplbSettings]:
 def ascend_kernel_configure(settings: Any, vllm_config: Any, device: Any) -> list[Any]:
     from ascend_kernel_plugins.eplb.admission import admit, eplb_config_of
 
-    changes = admit(settings, vllm_config)
+    changes = admit(settings, vllm_config, getattr(device, "kind", "cpu"))
     if settings.enable_eplb:  # an unknown policy name stops start-up here, not at the first rearrangement
         choose_policy(kernel_mod.current(), vllm_config, eplb_config_of(settings.eplb_config)[1])
     return changes

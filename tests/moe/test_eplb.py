@@ -176,3 +176,16 @@ def test_deployments_eplb_cannot_run_are_refused(config, redundant, message):
     with pytest.raises(KernelError, match=message):
         check_deployment(config, redundant)
     check_deployment(_config(), 2)  # 6 physical experts on 2 ranks: runs
+
+
+def test_weights_move_over_hccl_on_an_npu_and_gloo_on_a_cpu():
+    from ascend_kernel_plugins.eplb.admission import communicator_for
+
+    unset, _ = eplb_config_of({})
+    assert communicator_for(unset, "npu")[0] == "torch_nccl"  # the EP device group: HCCL, device to device
+    assert communicator_for(unset, "cpu")[0] == "torch_gloo"
+    given, _ = eplb_config_of({"communicator": "torch_gloo"})
+    assert communicator_for(given, "npu") == ("torch_gloo", "the communicator given in eplb_config")
+    for cuda_only in ("pynccl", "nixl"):
+        with pytest.raises(KernelError, match=f"communicator '{cuda_only}' needs CUDA.*torch_nccl"):
+            communicator_for(eplb_config_of({"communicator": cuda_only})[0], "npu")
