@@ -56,6 +56,9 @@ def to_physical(topk_ids: torch.Tensor, state: Any) -> torch.Tensor:
     replica = hashes % state.logical_replica_count[topk_ids]
     physical = state.logical_to_physical_map[topk_ids, replica]
     load = state.expert_load_view
-    limit = state.num_unpadded_tokens_tensors[0] * state.should_record_tensor
-    load.index_add_(0, physical.view(-1), (tokens < limit).to(load.dtype).expand_as(physical).reshape(-1))
+    recording = state.should_record_tensor
+    # a host flag costs nothing to read: skip the count outside the window (on a device, reading would sync)
+    if recording.device.type != "cpu" or bool(recording):
+        limit = state.num_unpadded_tokens_tensors[0] * recording
+        load.index_add_(0, physical.view(-1), (tokens < limit).to(load.dtype).expand_as(physical).reshape(-1))
     return physical.to(topk_ids.dtype)
