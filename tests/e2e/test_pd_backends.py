@@ -19,9 +19,11 @@ one and one over several blocks) through the proxy:
 * ``float``: the real SmolLM2-135M-Instruct (float32 K/V pages, the
   ``standard`` layout, with the Ascend layer ops as in
   tests/e2e/test_real_model.py), oracle transformers' plain greedy tokens;
-  a chat goes through the proxy too, and the capital of France is Paris in
-  both answers. This one deployment is both the real model through PD and
-  the Ascend backend's float pages through PD.
+  a chat goes through the proxy too (its prompt is the model's chat template
+  as transformers applies it, its text transformers' detokenization), and the
+  capital of France is Paris in both answers. This one deployment is the real
+  model through PD, the Ascend backend's float pages through PD, and the
+  suite's chat completion on a real model through ``ascend-kernel serve``.
 """
 
 from __future__ import annotations
@@ -121,6 +123,15 @@ def test_pd_on_the_ascend_backend_equals_transformers(scenario):
         # and what it knows
         assert "Paris" in chat.choices[0].message.content
         assert answers[0].choices[0].text.startswith(" Paris")
+        # the server applied the model's chat template and detokenized the answer as transformers does
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(scenario["model"])
+        template = tokenizer.apply_chat_template([{"role": "user", "content": CHAT}], add_generation_prompt=True)
+        assert chat.prompt_token_ids == list(getattr(template, "input_ids", template))
+        assert chat.choices[0].message.content == tokenizer.decode(chat.choices[0].token_ids,
+                                                                   skip_special_tokens=True)
+        assert chat.usage.completion_tokens == MAX_TOKENS
     else:
         oracle = hf_greedy(scenario["model"], prompt_ids, MAX_TOKENS)
     assert ours == oracle
