@@ -24,8 +24,8 @@ Scenarios, one deployment each (tiny Llama, float32, eager, 4 concurrent prompts
   fails the open requests within a bound and exits; a fresh pair serves
   again (``faults.py``; the kernel's liveness watch makes it so);
 * tensor parallelism over two "nodes" (``-tp 2 --nnodes 2 --node-rank 0|1``,
-  node 1 ``--headless``): vLLM's MP executor on node 0 drives node 1's worker,
-  and the report lists both TP ranks.
+  node 1 ``--headless``) on the Ascend attention backend: vLLM's MP executor
+  on node 0 drives node 1's worker, and the report lists both TP ranks.
 
 The oracle is transformers' greedy generation. With worker processes (``mp``),
 ``VLLM_CPU_OMP_THREADS_BIND`` puts each rank's worker on its own core (vLLM's
@@ -283,12 +283,16 @@ def multi_node_tp(tiny_llama, tmp_path_factory) -> Any:
     worker through its message queue; the follower runs only workers (no
     engine core, no API server), which is why node 1 must be ``--headless``.
     The TP workers always use vLLM's ``mp`` executor (``uni`` holds one worker).
+    Both nodes run the Ascend attention backend (reference ops): TP workers in
+    processes of their own activate the kernel and its backend from the pickled
+    config, as on one host (vLLM's CPU attention at TP=2 runs in the MoE,
+    PD-producer and Ray deployments).
     """
     logs = tmp_path_factory.mktemp("tp-nodes")
     tp = ["--tensor-parallel-size", "2", "--nnodes", "2", "--master-addr", "127.0.0.1",
           "--master-port", str(free_port()), "--distributed-executor-backend", "mp"]
     args = [*CLI, "serve", str(tiny_llama), *BASE_ARGS, *tp]
-    env = {**server_env("0"), "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    env = {**server_env("0"), "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "ASCEND_KERNEL_ATTENTION_BACKEND": "ascend"}
     follower = HeadlessNode([*args, "--node-rank", "1", "--headless"], {**env, "VLLM_CPU_OMP_THREADS_BIND": "1"},
                             logs / "node1.log")
     leader = LocalServer([*args, "--node-rank", "0"], env, logs / "node0.log", api_key=API_KEY)
@@ -302,11 +306,17 @@ def test_tensor_parallel_over_two_nodes_answers_like_transformers_and_reports_bo
                                                                                            tiny_llama):
     leader, follower = multi_node_tp
     check_answers(leader, tiny_llama)
-    ranks = report(leader)["ranks"]
+    merged = report(leader)
+    ranks = merged["ranks"]
     # the follower node's TP worker answers the report through the leader's executor
     assert [(r["dp_rank"], r["rank"]) for r in ranks] == [(0, 0), (0, 1)], ranks
     assert ranks[0]["trace"] == ranks[1]["trace"]  # TP ranks run every step together
     assert ranks[1]["trace"]["attention_states"].get("PrefillNoCache", 0) > 0
+    assert ranks[1]["trace"]["attention_states"].get("DecodeOnly", 0) > 0
+    # the Ascend attention backend, forced by the setting, on the reference ops, with no model patch
+    backend = next(d for d in merged["decisions"] if d["family"] == "attention_backend")
+    assert backend["chosen"] == "ascend" and backend["forced_by"].startswith("setting ASCEND_KERNEL_ATTENTION_BACKEND")
+    assert merged["ops_provider"] == "reference" and merged["model_patches"] == []
     node_log = follower.log_text()
     assert "TP rank 1" in node_log and "headless multiproc executor" in node_log
     assert follower.process.poll() is None
