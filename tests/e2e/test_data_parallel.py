@@ -10,7 +10,7 @@ over them. What the kernel owns here is the report: ``GET
 Scenarios, one deployment each (tiny Llama, float32, eager, 4 concurrent prompts of 6 tokens):
 
 * one host, ``--data-parallel-size 2``: both engine cores on this host (the
-  MoE deployments at the end, which add expert parallelism to it);
+  DeepSeek-V2 deployment at the end, which adds expert parallelism to it);
 * two "nodes" on loopback: an API process holding DP rank 0 (``-dp 2 -dpl 1
   --data-parallel-address 127.0.0.1 --data-parallel-rpc-port P``) and a
   ``--headless --data-parallel-start-rank 1`` process holding rank 1, joined
@@ -266,10 +266,13 @@ def test_killed_headless_node_fails_open_requests_within_bound_and_a_restart_ser
     api, headless = two_node_deployment(moe, tmp_path, "--enable-expert-parallel")
     with running(api, headless, "restarted headless node", headless_stop_s=2):
         check_answers(api, moe)
-        for entry in check_report_has_both_ranks(api)["ranks"]:
+        merged = check_report_has_both_ranks(api)
+        for entry in merged["ranks"]:
             trace = entry["trace"]
             assert set(trace["moe_tokens"]) == {"naive_multicast", "allgather"}, trace
             assert all(n > 0 for n in trace["moe_tokens"].values()), trace
+        # the policy's rules see the EP world across both DP ranks (2), not one engine's (1)
+        assert merged["moe_comm"]["world_size"] == 2 and merged["moe_comm"]["expert_parallel"], merged["moe_comm"]
 
 
 # -- tensor parallelism across two "nodes" (vLLM's --nnodes/--node-rank, MP executor) ------------------------
@@ -325,10 +328,13 @@ def test_tensor_parallel_over_two_nodes_answers_like_transformers_and_reports_bo
 # -- one host, two DP ranks, expert parallelism across them (MoE) ---------------------------------------------
 
 
-@pytest.fixture(scope="module", params=["qwen2_moe", "deepseek_v2"])
+@pytest.fixture(scope="module", params=["deepseek_v2"])
 def dp_expert_parallel(request, tmp_path_factory) -> Any:
-    """Qwen2-MoE and DeepSeek-V2 (MLA + MoE), ``-dp 2 --enable-expert-parallel``: the EP group spans both DP
-    engines.
+    """DeepSeek-V2 (MLA + MoE), ``-dp 2 --enable-expert-parallel``: the EP group spans both DP engines.
+
+    Qwen2-MoE runs DP + EP too, the same checks of answers, ranks, methods and
+    EP world, on the two-node deployment that restarts after the kill above
+    (one engine per node), not again on one host (suite time).
 
     vLLM's MoE runner gathers the DP ranks' tokens before each MoE layer and
     scatters the rows back after it (``all_gatherv`` / ``reduce_scatterv``),
