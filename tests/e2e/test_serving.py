@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from ascend_kernel.cli.serving import REPORT_PATH, LocalServer
-from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, REPO, clean_env, generate, run_cli
+from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, clean_env, generate, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -272,37 +272,9 @@ def test_sleep_and_wake_up_routes_free_the_engines_memory_and_give_the_same_toke
           f"KV cache {kv_bytes / 2**20:.0f} MiB")
 
 
-# -- a real model: chat ---------------------------------------------------------------------------------------
-
-CHAT = "What is the capital of France? Answer in one word."
-CHAT_TOKENS = 12
-
-
-@pytest.fixture(scope="module")
-def real_model() -> Path:
-    real = pytest.importorskip("ascend_kernel.models.real")
-    return real.prepare_real_model(REPO / real.DEFAULT_DIR)
-
-
-def test_chat_completion_on_a_real_model_equals_offline_greedy(real_model, tmp_path):
-    offline_run = generate(real_model, "--stock", "--chat", CHAT, max_tokens=CHAT_TOKENS, prompts=[])
-    (expected,) = offline_run["outputs"]
-    server = start_server(real_model, tmp_path / "server.log")
-    try:
-        async def chat() -> Any:
-            async with client(server) as api:
-                return await api.chat.completions.create(
-                    model=str(real_model), messages=[{"role": "user", "content": CHAT}], max_tokens=CHAT_TOKENS,
-                    temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
-
-        answer = asyncio.run(chat())
-    finally:
-        server.stop()
-        _running.clear()
-    choice = answer.choices[0]
-    assert choice.token_ids == expected["token_ids"], (choice.message.content, expected["text"])
-    assert choice.message.content == expected["text"]
-    assert answer.usage.completion_tokens == CHAT_TOKENS
+# A chat completion on a real model (SmolLM2) through ``serve``: tests/e2e/test_pd_backends.py's float deployment
+# (two ``ascend-kernel serve`` instances behind the PD proxy), where its tokens equal transformers', its prompt is
+# the chat template as transformers applies it and its text transformers' detokenization.
 
 
 def test_moe_model_served_under_vllms_default_compilation(tmp_path):
