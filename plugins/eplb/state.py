@@ -162,8 +162,10 @@ class KernelEplbState(EplbState):
 
     def _moving(self) -> Any:
         """The scope of a weight move: host stand-ins on CPU, the layers stopped if it is interrupted."""
+        from vllm.distributed.parallel_state import get_ep_group
+
         stack = contextlib.ExitStack()
-        stack.enter_context(stop_on_interruption(self.methods, torch.distributed.get_rank()))
+        stack.enter_context(stop_on_interruption(self.methods, get_ep_group().rank_in_group))
         stack.enter_context(self._events())
         return stack
 

@@ -13,8 +13,12 @@ token. One engine per scenario:
 
 * ``deepseek-default-redundant``: vLLM's default policy with 2 redundant
   experts (6 physical experts for 4 logical ones: replicas served), the map
-  recorded;
-* ``qwen3-swap-limited``: the swap-limited policy (1 swap per layer), no replicas.
+  recorded, under the MoE comm policy of an A3 (all-to-all prefill, MC2 decode);
+* ``qwen3-swap-limited``: the swap-limited policy (1 swap per layer), no
+  replicas, under an A2's (naive multicast prefill, MC2 decode).
+
+These two are also ``test_moe_expert_parallel.py``'s A3 and A2 scenarios: each
+rank's trace must show exactly those methods serving batches.
 
 Each rank's trace carries the ``eplb`` object; the recorded map must be the
 map the last rearrangement installed, and the config changes must name what
@@ -28,18 +32,22 @@ import json
 import pytest
 
 from tests.e2e.conftest import assert_same_tokens, clean_env, generate, hf_greedy
+from tests.e2e.test_moe_expert_parallel import check_expert_parallel_run
 
 pytestmark = pytest.mark.e2e
 MAX_TOKENS = 6
 PROMPT_IDS = [[263] * 8, [300] * 8]
 EXPERT_PARALLEL = ("--engine-arg", "tensor_parallel_size=2", "--engine-arg", "enable_expert_parallel=True",
                    "--engine-arg", "max_num_seqs=4", "--engine-arg", "enable_eplb=True")
+#: the MoE comm policy each scenario runs under: the SoC's, so the methods carry replicas' physical slots too
+A3 = {"ASCEND_KERNEL_SOC": "A3"}
+A2 = {"ASCEND_KERNEL_SOC": "A2", "ASCEND_KERNEL_MC2_MIN_WORLD_SIZE": "2"}
 SCENARIOS = {
-    # id -> (tiny model, eplb_config, kernel settings)
+    # id -> (tiny model, eplb_config, kernel settings, comm methods that must run on every rank)
     "deepseek-default-redundant": ("deepseek_v2", {"window_size": 2, "step_interval": 3,
-                                                   "num_redundant_experts": 2}, {}),
+                                                   "num_redundant_experts": 2}, A3, {"alltoall", "mc2"}),
     "qwen3-swap-limited": ("qwen3_moe", {"window_size": 2, "step_interval": 3, "policy": "swap-limited"},
-                           {"ASCEND_KERNEL_EPLB_MAX_SWAPS": "1"}),
+                           {"ASCEND_KERNEL_EPLB_MAX_SWAPS": "1", **A2}, {"naive_multicast", "mc2"}),
 }
 
 
@@ -47,7 +55,7 @@ SCENARIOS = {
 def test_eplb_rearranges_and_tokens_equal_transformers(scenario, tmp_path_factory, tmp_path):
     from ascend_kernel.models import create_tiny_model
 
-    arch, eplb_config, settings = SCENARIOS[scenario]
+    arch, eplb_config, settings, methods = SCENARIOS[scenario]
     model = create_tiny_model(arch, tmp_path_factory.mktemp("eplb") / arch)
     oracle = hf_greedy(model, PROMPT_IDS, MAX_TOKENS)
     record = tmp_path / "expert_map.json"
@@ -59,6 +67,8 @@ def test_eplb_rearranges_and_tokens_equal_transformers(scenario, tmp_path_factor
     run = generate(model, *args, env=env, max_tokens=MAX_TOKENS, prompts=[])
     assert [o["prompt_token_ids"] for o in run["outputs"]] == PROMPT_IDS  # no BOS was added
     assert_same_tokens(model, run, oracle)
+    # test_moe_expert_parallel's checks of the SoC policies' methods: these runs are its A3 and A2 scenarios
+    check_expert_parallel_run(run, methods, set())
 
     report = run["report"]
     changed = {c["path"]: c for c in report["config_changes"]}

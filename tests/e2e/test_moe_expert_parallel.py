@@ -5,12 +5,18 @@ fused-MoE kernel indexes experts by global id while holding only the local
 ones). Through the kernel each MoE layer runs routing -> the batch's comm
 method -> this rank's experts on the seam -> combine, and the greedy tokens
 equal transformers'. ``max_num_seqs=4`` makes MC2's capacity 4 tokens, so the
-prompts' prefill is over it and decode batches are under it: the automatic
-policy reaches all-to-all + MC2 on A3 and naive multicast + MC2 on A2 (MC2
-needs a world of ``ASCEND_KERNEL_MC2_MIN_WORLD_SIZE`` ranks there, lowered to
-2). Each rank's trace must show, for every method the scenario is meant to
-reach, batches served (``moe_methods``) and rows its experts received
-(``moe_tokens``), so a method that silently never ran fails.
+prompts' prefill is over it and decode batches are under it. Each rank's
+trace must show, for every method the scenario is meant to reach, batches
+served (``moe_methods``) and rows its experts received (``moe_tokens``), so a
+method that silently never ran fails (:func:`check_expert_parallel_run`).
+
+Other TP=2 + EP runs make the same checks on engines that run anyway (suite
+time): the automatic policy on an A3 (all-to-all + MC2, DeepSeek-V2) and on
+an A2 (naive multicast + MC2, MC2's world lowered to 2, Qwen3-MoE) in
+``test_eplb.py``, with replicas among the experts; the CPU host's (naive
+multicast + all-gather) on DeepSeek-V2 under cpu-graph in
+``test_graph_capture.py`` and on Qwen2-MoE over two DP nodes in
+``test_data_parallel.py``.
 """
 
 from __future__ import annotations
@@ -26,24 +32,16 @@ EXPERT_PARALLEL = ("--engine-arg", "tensor_parallel_size=2", "--engine-arg", "en
                    "--engine-arg", "max_num_seqs=4")
 
 #: id -> (arch, kernel settings, methods that must run on every rank, fallbacks that must be counted)
-#: Each method runs on each model, and each policy (forced, A3, A2, CPU, a third party's) on at least one model; the
-#: policy's rules read no model fact these two differ in (only PanguProMoE's all-gather-only and int4 experts
-#: change them, tests/test_moe_comm_policy.py), so the A3 policy is not run on Qwen2-MoE nor the A2 one on
-#: DeepSeek-V2 again (suite time).
+#: Each method runs on each model, and each policy (forced, A3, A2, CPU, a third party's) on at least one model (see
+#: the module docstring for the runs elsewhere); the policy's rules read no model fact these models differ in (only
+#: PanguProMoE's all-gather-only and int4 experts change them, tests/test_moe_comm_policy.py).
 SCENARIOS = {
-    "qwen2_moe-allgather": ("qwen2_moe", {"ASCEND_KERNEL_MOE_COMM_METHOD": "allgather"}, {"allgather"}, set()),
-    # all-to-all and naive multicast are not forced alone here (suite time): both serve prefills in the automatic
-    # scenarios below (A3: all-to-all, A2: naive multicast), all-to-all MC2's fallback and the third party's
-    # prefills; on int8/int4 experts in tests/e2e/test_quantization.py; every batch shape on two ranks in the
-    # conformance kit's distributed tests (tests/moe/test_comm_methods.py)
+    # no method is forced alone here but MC2 (suite time): all-gather, all-to-all and naive multicast serve batches
+    # in the automatic runs named above, MC2's fallback below and the third party's prefills; on int8/int4 experts
+    # in tests/e2e/test_quantization.py; every batch shape on two ranks in the conformance kit's distributed tests
+    # (tests/moe/test_comm_methods.py)
     # forced MC2: the prefill is over its capacity and takes its fallback, counted
     "qwen2_moe-mc2": ("qwen2_moe", {"ASCEND_KERNEL_MOE_COMM_METHOD": "mc2"}, {"mc2", "alltoall"}, {"mc2->alltoall"}),
-    "qwen2_moe-auto-A2": ("qwen2_moe", {"ASCEND_KERNEL_SOC": "A2", "ASCEND_KERNEL_MC2_MIN_WORLD_SIZE": "2"},
-                          {"naive_multicast", "mc2"}, set()),
-    # no SoC (a CPU host, the default: all-gather, naive multicast for prefill) on DeepSeek-V2 runs under
-    # cpu-graph: tests/e2e/test_graph_capture.py::test_mla_moe_at_tp2_with_expert_parallel_between_captured_pieces
-    # makes every check below (check_expert_parallel_run)
-    "deepseek_v2-auto-A3": ("deepseek_v2", {"ASCEND_KERNEL_SOC": "A3"}, {"alltoall", "mc2"}, set()),
     # a third party's policy (tests/thirdparty/ak_moe_plugin) returning its own method and a built-in one
     "qwen2_moe-thirdparty": ("qwen2_moe", {"ASCEND_KERNEL_MOE_COMM": "demo-moe",
                                            "PYTHONPATH": str(REPO / "tests" / "thirdparty")},
@@ -56,7 +54,7 @@ def models(tmp_path_factory):
     from ascend_kernel.models import create_tiny_model
 
     base = tmp_path_factory.mktemp("moe_ep")
-    return {arch: create_tiny_model(arch, base / arch) for arch in ("qwen2_moe", "deepseek_v2")}
+    return {arch: create_tiny_model(arch, base / arch) for arch in ("qwen2_moe",)}
 
 
 _oracles: dict = {}
