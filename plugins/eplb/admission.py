@@ -35,8 +35,12 @@ from ascend_kernel.errors import KernelError
 #: the eplb_config key that names the kernel's policy (vLLM's own field only knows "default")
 POLICY_KEY = "policy"
 REFUSED_HERE = "vLLM's ParallelConfig refuses EPLB off CUDA/XPU; on the kernel's platforms the eplb plugin runs it"
-#: device kind -> the weight mover vLLM's EplbState builds (its ``eplb_config.communicator`` names)
-COMMUNICATOR_FOR = {"npu": "torch_nccl", "cpu": "torch_gloo"}
+#: device kind -> the weight mover vLLM's EplbState builds (an ``eplb_config.communicator`` name), and why
+COMMUNICATOR_FOR = {
+    "npu": ("torch_nccl", "expert weights move device to device over the EP group's device group (HCCL): "
+                          "vLLM's torch.distributed isend/irecv communicator, run synchronously"),
+    "cpu": ("torch_gloo", "expert weights move over the EP group's gloo twin (vLLM's staged communicator)"),
+}
 #: vLLM's communicators that need CUDA (NCCL through pynccl, NIXL RDMA)
 CUDA_ONLY_COMMUNICATORS = ("pynccl", "nixl")
 
@@ -91,11 +95,7 @@ def communicator_for(config: Any, device_kind: str) -> tuple[str, str]:
                           f"'torch_nccl' (HCCL on an NPU) or 'torch_gloo' (host-staged), or leave it unset")
     if chosen is not None:
         return chosen, "the communicator given in eplb_config"
-    chosen = COMMUNICATOR_FOR.get(device_kind, "torch_gloo")
-    if chosen == "torch_nccl":
-        return chosen, ("expert weights move device to device over the EP group's device group (HCCL): "
-                        "vLLM's torch.distributed isend/irecv communicator, run synchronously")
-    return chosen, "expert weights move over the EP group's gloo twin (vLLM's staged communicator)"
+    return COMMUNICATOR_FOR.get(device_kind, COMMUNICATOR_FOR["cpu"])
 
 
 def admit(settings: Any, vllm_config: Any, device_kind: str) -> list[ConfigChange]:
