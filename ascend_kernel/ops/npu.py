@@ -14,6 +14,7 @@ from ascend_kernel.ops.graph_ops import (
     RESHAPE_AND_CACHE_SCHEMA,
     no_result,
 )
+from ascend_kernel.ops.fused_npu import TorchNpuFusedOps
 from ascend_kernel.ops.lora_npu import TorchNpuLoRAOps
 from ascend_kernel.ops.mc2_npu import TorchNpuMC2Ops
 from ascend_kernel.ops.moe_npu import TorchNpuMoEOps
@@ -21,7 +22,7 @@ from ascend_kernel.ops.opaque import seam_op
 from ascend_kernel.ops.quant_npu import TorchNpuQuantOps
 
 
-class TorchNpuOps(TorchNpuMoEOps, TorchNpuMC2Ops, TorchNpuQuantOps, TorchNpuLoRAOps):
+class TorchNpuOps(TorchNpuMoEOps, TorchNpuMC2Ops, TorchNpuQuantOps, TorchNpuLoRAOps, TorchNpuFusedOps):
     name = "torch_npu"
 
     def __init__(self) -> None:
@@ -136,13 +137,6 @@ class TorchNpuOps(TorchNpuMoEOps, TorchNpuMC2Ops, TorchNpuQuantOps, TorchNpuLoRA
         if x.dtype == torch.float32:
             x = x.to(torch.bfloat16)
         return self._npu.npu_dynamic_quant(x)
-
-    def rms_norm(self, x, weight, eps):
-        return self._npu.npu_rms_norm(x, weight, eps)
-
-    def add_rms_norm(self, x, residual, weight, eps):
-        normed, _, summed = self._npu.npu_add_rms_norm(x, residual, weight, eps)
-        return normed, summed
 
     def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox_style) -> None:
         self._npu._npu_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox_style)

@@ -15,6 +15,7 @@ from ascend_kernel.ops.graph_ops import (
     RESHAPE_AND_CACHE_SCHEMA,
     no_result,
 )
+from ascend_kernel.ops.fused_reference import ReferenceFusedOps
 from ascend_kernel.ops.lora_reference import ReferenceLoRAOps
 from ascend_kernel.ops.mc2_reference import ReferenceMC2Ops
 from ascend_kernel.ops.moe_reference import ReferenceMoEOps
@@ -45,7 +46,7 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torc
     return cache[blocks].reshape(-1, *cache.shape[2:])[:length]
 
 
-class ReferenceOps(ReferenceMoEOps, ReferenceMC2Ops, ReferenceQuantOps, ReferenceLoRAOps):
+class ReferenceOps(ReferenceMoEOps, ReferenceMC2Ops, ReferenceQuantOps, ReferenceLoRAOps, ReferenceFusedOps):
     name = "reference"
 
     @seam_op("reshape_and_cache", RESHAPE_AND_CACHE_SCHEMA, no_result)
@@ -250,18 +251,6 @@ class ReferenceOps(ReferenceMoEOps, ReferenceMC2Ops, ReferenceQuantOps, Referenc
         scaled = xf * (1.0 / scale).unsqueeze(-1)
         rounded = torch.sign(scaled) * torch.floor(scaled.abs() + 0.5)
         return rounded.clamp(-128, 127).to(torch.int8), scale
-
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """(normalised x * weight, reciprocal RMS) like ``npu_rms_norm``."""
-        xf = x.float()
-        rstd = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
-        return (xf * rstd * weight.float()).to(x.dtype), rstd
-
-    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rms_norm(x + residual), x + residual): the residual add fused into the norm."""
-        summed = x + residual
-        return self.rms_norm(summed, weight, eps)[0], summed
 
     def rotary_embedding(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
                          cos_sin_cache: torch.Tensor, is_neox_style: bool) -> None:

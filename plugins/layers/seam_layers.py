@@ -61,9 +61,8 @@ class AscendRotaryEmbedding(RotaryEmbedding):
         if key is None or self.rotary_dim != self.head_size:
             return self.forward_native(positions, query, key)
         cos_sin_cache = rotary_cache_for(self, query)
-        self.seam_ops.rotary_embedding(positions.flatten(), query, key, self.head_size, cos_sin_cache,
-                                       self.is_neox_style)
-        return query, key
+        # the functional seam op (one registered node a fusion pass can match; vLLM's callers use what it returns)
+        return self.seam_ops.rope(positions.flatten(), query, key, self.head_size, cos_sin_cache, self.is_neox_style)
 
     forward_cpu = forward_oot
 
