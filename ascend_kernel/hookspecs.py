@@ -455,3 +455,33 @@ def ascend_kernel_eplb_policies() -> "list[Implementation]":
     ``AbstractEplbPolicy`` contract), and may provide ``describe()``. vLLM's
     ``EplbState`` calls it at every rearrangement and moves the weights.
     """
+
+
+# ---------------------------------------------------------------------------
+# graph fusion
+# ---------------------------------------------------------------------------
+
+
+@hookspec
+def ascend_kernel_fusion_passes() -> "list[Implementation]":
+    """Offer graph fusion passes (family ``fusion_pass``; a table: every supported pass is built and runs).
+
+    The platform's pass manager (``get_pass_manager_cls``) runs the built
+    passes, in the table's order, over every graph the kernel compiles
+    (post-grad FX graphs of aten ops and the seam's registered ops). A pass
+    that cannot apply (forced off by its setting, a dtype its fused kernel
+    does not take) says why from ``supports(ctx)``, and ``explain`` shows it.
+    The built object must provide ``__call__(graph: torch.fx.Graph) -> int``
+    (rewrite in place; return how many patterns it replaced, added to its
+    ``matches``), ``name``, ``matches`` and ``describe() -> dict`` (the
+    report's ``{name, enabled, matches, ...}``). A pass replaces a pattern
+    only by a fused seam op that computes the same values.
+
+    Example::
+
+        @hookimpl
+        def ascend_kernel_fusion_passes():
+            return [Implementation(family="fusion_pass", name="muls_add",
+                                   factory=lambda ctx: MulsAddPass(...),
+                                   supports=lambda ctx: None if ctx.settings.fuse_muls_add else "forced off")]
+    """

@@ -59,6 +59,7 @@ GLOBAL_FAMILIES: tuple[Family, ...] = (
 #: picked by the moe_comm policy). Their forcing setting is read by that consumer.
 TABLE_FAMILIES: tuple[Family, ...] = (
     Family("moe_comm_method", "ascend_kernel_moe_comm_methods", "moe_comm_method", optional=True),
+    Family("fusion_pass", "ascend_kernel_fusion_passes", "fusion_pass", optional=True),
 )
 #: Chosen once per KV-cache spec type present in the model.
 KV_CACHE_FAMILY = Family("kv_cache", "ascend_kernel_kv_cache_layouts", "kv_cache_layout")
@@ -154,14 +155,8 @@ class Kernel:
         chosen: dict[str, Any] = {}
         ctx = SelectionContext(vllm_config, self.settings, self.device_info, None, tables, chosen)
         for family in GLOBAL_FAMILIES:
-            impl, record = choose(
-                family.name,
-                self.entries(family),
-                ctx,
-                forced=self.settings.forced(family.setting),
-                forcing_setting=KernelSettings.env_name(family.setting),
-                optional=family.optional,
-            )
+            impl, record = choose(family.name, self.entries(family), ctx, forced=self.settings.forced(family.setting),
+                                  forcing_setting=KernelSettings.env_name(family.setting), optional=family.optional)
             self.records.append(record)
             chosen[family.name] = impl.build(ctx) if impl is not None else None
         self._check_forced_kv_layout_name()
@@ -202,14 +197,10 @@ class Kernel:
         """(name, layout object) for one KV-cache spec class (chosen on first use)."""
         if spec_type not in self._kv_layouts:
             ctx = self.context(vllm_config, subject=spec_type)
-            impl, record = choose(
-                KV_CACHE_FAMILY.name,
-                self.entries(KV_CACHE_FAMILY),
-                ctx,
-                forced=self._forced_kv_layout(spec_type, ctx),
-                forcing_setting=KernelSettings.env_name(KV_CACHE_FAMILY.setting),
-                subject=spec_type.__name__,
-            )
+            impl, record = choose(KV_CACHE_FAMILY.name, self.entries(KV_CACHE_FAMILY), ctx,
+                                  forced=self._forced_kv_layout(spec_type, ctx),
+                                  forcing_setting=KernelSettings.env_name(KV_CACHE_FAMILY.setting),
+                                  subject=spec_type.__name__)
             self.records.append(record)
             self._kv_layouts[spec_type] = (impl.name, impl.build(ctx))
         return self._kv_layouts[spec_type]

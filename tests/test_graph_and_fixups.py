@@ -222,19 +222,32 @@ def test_inductor_compiles_run_without_the_peak_memory_reorder(llama_dir):
     """vLLM's compilation gets the override (recorded once); a user's own value and non-inductor configs stand."""
     from vllm.config import CompilationMode
 
+    from vllm.compilation.passes.inductor_pass import InductorPass
+
+    from ascend_kernel.ops.pass_manager import POST_GRAD_KEY, SeamFusionPasses
     from ascend_kernel_plugins.graph.inductor_fixups import compilation_fixups, kernel_inductor_options
 
     cfg = config(llama_dir)
     cfg.compilation_config.mode, cfg.compilation_config.backend = CompilationMode.DYNAMO_TRACE_ONCE, "inductor"
     cfg.compilation_config.inductor_compile_config = {"dce": True}
     [change] = compilation_fixups(cfg)
-    assert cfg.compilation_config.inductor_compile_config == {"dce": True, "reorder_for_peak_memory": False}
+    assert "fusion" in change.reason and "SeamFusionPasses()" in change.as_dict()["new"]
+    options = cfg.compilation_config.inductor_compile_config
+    passes = options.pop(POST_GRAD_KEY)
+    assert isinstance(passes, SeamFusionPasses) and isinstance(passes, InductorPass)  # what vLLM's config accepts
+    assert options == {"dce": True, "reorder_for_peak_memory": False}
     assert change.path == "compilation_config.inductor_compile_config" and "reorder" in change.reason
+    options[POST_GRAD_KEY] = passes
     assert compilation_fixups(cfg) == []  # idempotent
 
-    cfg.compilation_config.inductor_compile_config = {"reorder_for_peak_memory": True}
+    user_pass = SeamFusionPasses()
+    cfg.compilation_config.inductor_compile_config = {"reorder_for_peak_memory": True, POST_GRAD_KEY: user_pass}
     assert compilation_fixups(cfg) == [] and cfg.compilation_config.inductor_compile_config == {
-        "reorder_for_peak_memory": True}
+        "reorder_for_peak_memory": True, POST_GRAD_KEY: user_pass}
+    cfg.compilation_config.mode = CompilationMode.VLLM_COMPILE  # vLLM's backend: the platform's manager runs them
+    cfg.compilation_config.inductor_compile_config = {}
+    [change] = compilation_fixups(cfg)
+    assert cfg.compilation_config.inductor_compile_config == {"reorder_for_peak_memory": False}
     for mode, backend in ((CompilationMode.NONE, "inductor"), (CompilationMode.DYNAMO_TRACE_ONCE, "eager")):
         cfg.compilation_config.mode, cfg.compilation_config.backend = mode, backend
         cfg.compilation_config.inductor_compile_config = {}
@@ -245,4 +258,6 @@ def test_inductor_compiles_run_without_the_peak_memory_reorder(llama_dir):
     before = inductor_config.reorder_for_peak_memory
     with kernel_inductor_options():
         assert inductor_config.reorder_for_peak_memory is False
+        assert isinstance(getattr(inductor_config, POST_GRAD_KEY), SeamFusionPasses)
     assert inductor_config.reorder_for_peak_memory == before
+    assert getattr(inductor_config, POST_GRAD_KEY) is None

@@ -51,6 +51,15 @@ class KernelPlatformMixin:
         return "ascend_kernel.ops.lora_punica.KernelPunicaWrapper"
 
     @classmethod
+    def get_pass_manager_cls(cls) -> str:
+        """vLLM's post-grad pass manager with the ``fusion_pass`` table's passes first (ops/pass_manager.py).
+
+        It goes under vLLM's default ``pass_key`` (inductor's ``post_grad_custom_post_pass``): the kernel
+        compiles with inductor itself, so no key of its own is needed (vllm-ascend's own compiler has one).
+        """
+        return "ascend_kernel.ops.pass_manager.SeamPassManager"
+
+    @classmethod
     def support_static_graph_mode(cls) -> bool:
         """Whether the chosen graph mode captures (False before the kernel has chosen one)."""
         kernel = kernel_mod.current_or_none()

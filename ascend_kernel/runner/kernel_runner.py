@@ -338,12 +338,14 @@ class KernelRunnerMixin:
         report["kv_cache"] = self.kernel_kv_report.as_dict()
         report["trace"] = self.kernel_trace.as_dict()
         from ascend_kernel.ops import provider_name
+        from ascend_kernel.ops.pass_manager import fusion_report
 
         plan = self.kernel_plan
         for family, empty in (("layer_ops", {}), ("graph", {}), ("quantization", None), ("moe_comm", {}),
                               ("drafter", None)):  # each chosen object's own account, where it gives one
             describe = getattr(getattr(plan, family), "describe", None)
             report[family] = describe() if describe is not None else empty
+        report["fusion"] = fusion_report(self.kernel)
         report["model_patches"] = self.kernel_model_patches
         report["ops_provider"] = provider_name(self.kernel.settings.ops_provider, self.kernel.device_info.kind)
         report["sampler_class"] = type(self.sampler).__module__ + "." + type(self.sampler).__qualname__

@@ -28,12 +28,31 @@ from ascend_kernel.config_changes import ConfigChange, change
 OVERRIDES: dict[str, Any] = {"reorder_for_peak_memory": False}
 REASON = ("inductor's peak-memory reorder can run a read before an extern op's write into the buffer "
           "(vLLM-CPU's onednn_mm): wrong tokens on DeepSeek-V3 routing")
+PASSES_REASON = ("the seam's fusion passes (family fusion_pass) as inductor's post-grad custom pass: this compile "
+                 "does not go through vLLM's backend, whose pass manager would run them")
+
+
+def kernel_options(with_passes: bool = True) -> dict[str, Any]:
+    """:data:`OVERRIDES`, and the seam's fusion passes as inductor's post-grad custom pass.
+
+    The passes (:mod:`ascend_kernel.ops.pass_manager`) are what the platform's
+    pass manager runs under vLLM's own backend; a compile that does not go
+    through that backend gets them here, in its own options only.
+    """
+    if not with_passes:
+        return dict(OVERRIDES)
+    from ascend_kernel.ops.pass_manager import POST_GRAD_KEY, SeamFusionPasses
+
+    return {**OVERRIDES, POST_GRAD_KEY: SeamFusionPasses()}
 
 
 def compilation_fixups(vllm_config: Any) -> list[ConfigChange]:
-    """vLLM's own compilation (Dynamo once, then inductor) gets :data:`OVERRIDES` in its inductor options.
+    """vLLM's own compilation (Dynamo once, then inductor) gets :func:`kernel_options` in its inductor options.
 
-    Nothing changes when vLLM does not compile, or compiles with another backend.
+    Nothing changes when vLLM does not compile, or compiles with another
+    backend. Under ``VLLM_COMPILE`` vLLM's backend runs the platform's pass
+    manager (which holds the fusion passes), so only :data:`OVERRIDES` go in;
+    a post-grad pass the user set stays theirs.
     """
     from vllm.config import CompilationMode
 
@@ -41,17 +60,19 @@ def compilation_fixups(vllm_config: Any) -> list[ConfigChange]:
     if compilation is None or compilation.mode == CompilationMode.NONE or compilation.backend != "inductor":
         return []
     options = dict(compilation.inductor_compile_config)
-    wanted = {**options, **{k: v for k, v in OVERRIDES.items() if k not in options}}
-    if wanted == options:
+    ours = kernel_options(with_passes=compilation.mode != CompilationMode.VLLM_COMPILE)
+    added = {k: v for k, v in ours.items() if k not in options}
+    if not added:
         return []  # set already (by the user, whose value stands, or by an earlier pass)
-    updated = change(vllm_config, "compilation_config.inductor_compile_config", wanted, REASON)
+    why = "; ".join(REASON if k in OVERRIDES else PASSES_REASON for k in added)
+    updated = change(vllm_config, "compilation_config.inductor_compile_config", {**options, **added}, why)
     return [updated] if updated is not None else []
 
 
 @contextlib.contextmanager
 def kernel_inductor_options() -> Iterator[None]:
-    """Inductor's config with :data:`OVERRIDES`, around a compile the kernel runs itself (cpu-graph artifacts)."""
+    """Inductor's config with :func:`kernel_options`, around a compile the kernel runs itself (cpu-graph artifacts)."""
     from ascend_kernel.upstream import inductor_config
 
-    with inductor_config().patch(OVERRIDES):
+    with inductor_config().patch(kernel_options()):
         yield

@@ -150,9 +150,9 @@ def _compile_static(target: Callable[..., Any], args: tuple[Any, ...], kwargs: d
         from ascend_kernel_plugins.graph.whole_model import compile_whole_model
 
         return compile_whole_model(target, args, kwargs, backend)
-    from ascend_kernel_plugins.graph.inductor_fixups import OVERRIDES
+    from ascend_kernel_plugins.graph.inductor_fixups import kernel_options
 
-    options = dict(OVERRIDES) if backend == "inductor" else None
+    options = kernel_options() if backend == "inductor" else None
     return torch.compile(target, backend=backend, dynamic=False, fullgraph=True, options=options)
 
 
