@@ -83,7 +83,8 @@ class SeamPassManager(PostGradPassManager):
 def fusion_report(kernel: Any) -> list[dict[str, Any]]:
     """Per pass ``{name, enabled, matches, ...}``: the built passes' own account; the others say why they are off."""
     record = next((r for r in reversed(getattr(kernel, "records", [])) if r.family == FAMILY), None)
-    built = {p.name: p for p in fusion_passes(kernel)} if kernel is not None else {}
+    plan = getattr(kernel, "plan", None)
+    built = plan.tables.get(FAMILY, {}) if plan is not None else {}
     report = []
     for candidate in record.candidates if record is not None else ():
         if candidate.name in built:

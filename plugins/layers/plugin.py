@@ -54,6 +54,32 @@ def _native_supported(ctx: Any) -> str | None:
 
 
 @hookimpl
+def ascend_kernel_configure(settings: Any, vllm_config: Any, device: Any) -> list[Any]:
+    """Under compilation vLLM runs a ``CustomOp``'s native forward unless the op is enabled by name.
+
+    The seam's layers are that custom op: with them chosen (an NPU, or
+    ``layer_ops`` forced to ``ascend``) they are switched on by the name they
+    are registered under (``RMSNorm``, ``RotaryEmbedding``), so a compiled graph holds the seam's ops (what the fusion
+    passes match), as an eager run does. A user's or another plugin's
+    ``+name``/``-name`` stands.
+    """
+    from ascend_kernel.config_changes import change
+    from ascend_kernel_plugins.layers.seam_layers import REPLACEMENTS
+
+    compilation = getattr(vllm_config, "compilation_config", None)
+    if compilation is None or (device.kind != "npu" and settings.forced("layer_ops") != "ascend"):
+        return []
+    ops = list(compilation.custom_ops)
+    wanted = [*ops, *(f"+{name}" for name in REPLACEMENTS if f"+{name}" not in ops and f"-{name}" not in ops)]
+    if wanted == ops:
+        return []
+    made = change(vllm_config, "compilation_config.custom_ops", wanted,
+                  "the seam's norm and rotary layers run under compilation too (vLLM would run their native "
+                  "forward), so compiled graphs hold the seam's ops")
+    return [made] if made is not None else []
+
+
+@hookimpl
 def ascend_kernel_layer_ops() -> list[Implementation]:
     return [
         Implementation(family="layer_ops", name="vllm-native", factory=lambda ctx: VllmNativeLayerOps(),
