@@ -88,7 +88,7 @@ def fusion_report(kernel: Any) -> list[dict[str, Any]]:
     report = []
     for candidate in record.candidates if record is not None else ():
         if candidate.name in built:
-            report.append(built[candidate.name].describe())
+            report.append({**built[candidate.name].describe(), "name": candidate.name})
         else:
             report.append({"name": candidate.name, "enabled": False, "matches": 0, "why": candidate.reason})
     return report

@@ -50,13 +50,25 @@ def test_decision_and_config_changes_say_why(graph_run):
 
 
 def test_moe_model_and_ascend_backend_between_captured_pieces(tmp_path_factory):
-    """Qwen2-MoE: the routed experts are one opaque op inside the captured pieces; the comm method still runs per
-    batch. The Ascend attention backend (reference ops) runs between the pieces; one size keeps start-up short."""
+    """Qwen3-MoE: the routed experts are one opaque op inside the captured pieces; the comm method still runs per
+    batch. The Ascend attention backend (reference ops) runs between the pieces; one size keeps start-up short.
+
+    The seam's norm and rotary layers (``layer_ops=ascend``) are in the pieces, so the fusion passes run on
+    each per-size artifact: Qwen3's per-head q/k norms and rotary become one ``qk_norm_rope`` per layer (one
+    capture size: one compiled graph per piece), and the tokens still equal transformers'."""
+    import json
+
     from ascend_kernel.models import create_tiny_model
 
-    model = create_tiny_model("qwen2_moe", tmp_path_factory.mktemp("graph_moe") / "qwen2_moe")
+    model = create_tiny_model("qwen3_moe", tmp_path_factory.mktemp("graph_moe") / "qwen3_moe")
     run = generate(model, "--graph-mode", "cpu-graph", "--capture-sizes", "4", max_tokens=MAX_TOKENS,
-                   env=clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_ATTENTION_BACKEND="ascend"))
+                   env=clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_ATTENTION_BACKEND="ascend",
+                                 ASCEND_KERNEL_LAYER_OPS="ascend"))
+    fusion = {p["name"]: p for p in run["report"]["fusion"]}
+    layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
+    assert fusion["qknorm-rope"]["enabled"] and fusion["qknorm-rope"]["matches"] == layers, fusion
+    assert fusion["norm-quant"]["enabled"] and fusion["norm-quant"]["matches"] == 0, fusion  # nothing quantized
+    assert not fusion["muls-add"]["enabled"] and "routed_scaling_factor" in fusion["muls-add"]["why"], fusion
     (decision,) = [d for d in run["report"]["decisions"] if d["family"] == "attention_backend"]
     assert decision["chosen"] == "ascend"
     oracle = hf_greedy(model, [o["prompt_token_ids"] for o in run["outputs"]], MAX_TOKENS)
