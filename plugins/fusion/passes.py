@@ -20,7 +20,7 @@ from torch import fx
 
 _K = torch.ops.ascend_kernel
 _ATEN = torch.ops.aten
-_VIEWS = {_ATEN.view.default, _ATEN.reshape.default, _ATEN._unsafe_view.default}
+_VIEWS = {_ATEN.view.default, _ATEN.reshape.default}
 #: the dtypes the Ascend fused norm kernels take (npu_add_rms_norm_quant / _dynamic_quant)
 NPU_NORM_DTYPES = (torch.float16, torch.bfloat16)
 

@@ -26,8 +26,16 @@ def ascend_kernel_settings() -> type[FusionSettings]:
     return FusionSettings
 
 
+#: each pass's switch, read from the engine's settings
+SWITCHES: dict[str, Callable[[Any], bool]] = {
+    "fuse_norm_quant": lambda settings: settings.fuse_norm_quant,
+    "fuse_qknorm_rope": lambda settings: settings.fuse_qknorm_rope,
+    "fuse_muls_add": lambda settings: settings.fuse_muls_add,
+}
+
+
 def _forced_off(ctx: Any, setting: str) -> str | None:
-    if getattr(ctx.settings, setting):
+    if SWITCHES[setting](ctx.settings):
         return None
     return (f"forced off: {type(ctx.settings).env_name(setting)}=false "
             f"(ascend_compilation_config.{setting} in vllm-ascend's terms)")
