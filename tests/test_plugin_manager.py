@@ -28,7 +28,7 @@ from ascend_kernel.settings import ENV_PREFIX, load_settings
 THIRDPARTY = Path(__file__).resolve().parent / "thirdparty"
 ESSENTIAL = ("attention", "graph", "kv-cache-standard", "layers", "sampling")
 BUILTINS = (
-    "attention", "config-fixups", "eplb", "eplb-policies", "graph", "kv-cache-int8-bsh", "kv-cache-mamba",
+    "attention", "config-fixups", "eplb", "eplb-policies", "fusion", "graph", "kv-cache-int8-bsh", "kv-cache-mamba",
     "kv-cache-mla", "kv-cache-sfa",
     "kv-cache-standard", "kv-cache-vllm-views", "kv-transfer", "layers", "moe-comm", "moe-comm-allgather", "moe-comm-alltoall",
     "moe-comm-mc2", "moe-comm-naive-multicast", "quantization", "sampling", "sleep-mode", "spec-decode-draft-model",

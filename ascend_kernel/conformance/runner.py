@@ -37,6 +37,7 @@ CONTRACT_MODULES: dict[str, str] = {
     "kv_cache": "kv_cache",
     "quantization": "quantization",
     "eplb_policy": "eplb_policy",
+    "fusion_pass": "fusion_pass",
 }
 #: a family chosen by a plugin itself, not by the kernel's plan (the EPLB plugin picks its policy when EPLB is on)
 EPLB_POLICY_FAMILY = Family("eplb_policy", "ascend_kernel_eplb_policies", "eplb_config.policy", optional=True)
