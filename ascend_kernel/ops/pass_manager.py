@@ -65,8 +65,13 @@ class SeamFusionPasses(InductorPass):
     def __repr__(self) -> str:  # shown in config-change records: no address
         return "SeamFusionPasses()"
 
-    def uuid(self) -> str:
+    def uuid(self) -> str | None:
+        """None while a pass is enabled: inductor then compiles the graph rather than load it from its FX graph
+        cache, where the passes would not run, so each pass's ``matches`` counts every graph this process
+        compiled (at the price of that cache for these graphs); with no pass, a stable key."""
         passes = fusion_passes()
+        if passes:
+            return None
         state = sorted(f"{type(p).__module__}.{type(p).__qualname__}:{getattr(p, 'key', '')}" for p in passes)
         sources = InductorPass.hash_source(self, *(type(p) for p in passes))
         return hashlib.sha256(("|".join(state) + sources).encode()).hexdigest()
@@ -78,6 +83,10 @@ class SeamPassManager(PostGradPassManager):
     def configure(self, config: Any) -> None:
         super().configure(config)
         self.passes.insert(0, SeamFusionPasses())
+
+    def uuid(self) -> Any:
+        """As :meth:`SeamFusionPasses.uuid`: no inductor cache key while a fusion pass is enabled."""
+        return None if fusion_passes() else super().uuid()
 
 
 def fusion_report(kernel: Any) -> list[dict[str, Any]]:
