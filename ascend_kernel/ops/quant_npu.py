@@ -57,7 +57,10 @@ class TorchNpuQuantOps:
         # the kernel needs the groups to cover every row (as in grouped_matmul): rows past them become zero rows of
         # the last group (a zero row gives a zero output), and the groups go as running sums (group_list_type 0)
         ends = torch.cumsum(counts.to(device=rows.device, dtype=torch.int64), 0)
-        rows = rows.masked_fill((torch.arange(num_rows, device=rows.device) >= ends[-1]).unsqueeze(1), 0)
+        past = torch.arange(num_rows, device=rows.device) >= ends[-1]
+        rows = rows.masked_fill(past.unsqueeze(1), 0)
+        # and their per-token scale: with int4 experts' correction bias a zero row is not exactly zero before it
+        row_scale = row_scale.masked_fill(past, 0)
         ends = torch.cat([ends[:-1], ends.new_full((1,), num_rows)])
         if weight_scale.dtype != torch.int64:
             # as vllm-ascend's W8A8_DYNAMIC MoE: the per-token quantized kernel takes its scale in the output dtype
@@ -90,9 +93,10 @@ class TorchNpuQuantOps:
         bits = scale.to(torch.float32).contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
         rank, size = bias_share
         groups = scale_bias.shape[-1]
-        if groups % size:
-            raise ValueError(f"scale_bias has {groups} column groups, not divisible by tensor parallel size {size}")
-        share = groups // size if groups > 1 else groups
-        first = rank * share if groups > 1 else 0
-        bias = scale_bias[..., first:first + share].to(torch.float32).sum(dim=-1)
+        if groups > 1:  # gate/up store one group (their rows are split instead)
+            if groups % size:
+                raise ValueError(f"scale_bias has {groups} column groups, not divisible by tensor parallel size "
+                                 f"{size}: int4 experts serve tensor parallel sizes dividing {groups}")
+            scale_bias = scale_bias[..., rank * groups // size:(rank + 1) * groups // size]
+        bias = scale_bias.to(torch.float32).sum(dim=-1)
         return weight, bits, bias
