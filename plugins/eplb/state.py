@@ -172,12 +172,6 @@ class KernelEplbState(EplbState):
     def _model_state(self) -> Any:
         return next(iter(self.model_states.values()))
 
-    def step(self, is_dummy: bool = False, is_profile: bool = False, log_stats: bool = False) -> None:
-        # every step runs this: the stand-ins are entered by rearrange only, the one place vLLM needs them
-        if self.replay_path and not is_profile:
-            self.expert_rearrangement_step = 0  # a replayed map is static: the interval is never reached
-        super().step(is_dummy, is_profile, log_stats)
-
     def _events(self) -> Any:
         return cpu_standins() if self.device.type == "cpu" else contextlib.nullcontext()
 
@@ -186,6 +180,8 @@ class KernelEplbState(EplbState):
         if is_profile or rank_mapping is not None or use_last_expert_load:
             with self._events():
                 return super().rearrange(is_profile, rank_mapping, use_last_expert_load)
+        if self.replay_path:  # a replayed map is static: vLLM's step still reaches here every step_interval steps
+            return None
         state = self._model_state()
         old = state.physical_to_logical_map.detach().cpu().clone()
         load = state.expert_load_window.sum(dim=0).cpu()  # [layers, physical] over the window, under ``old``
