@@ -188,11 +188,68 @@ def npu_swiglu(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return npu((torch.nn.functional.silu(a) * b).to(input.dtype))
 
 
+def npu_moe_distribute_dispatch_v2(x: torch.Tensor, expert_ids: torch.Tensor, group_ep: str, ep_world_size: int,
+                                   ep_rank_id: int, moe_expert_num: int, *, scales: Any = None,
+                                   x_active_mask: torch.Tensor | None = None, expert_shard_type: int = 0,
+                                   shared_expert_num: int = 1, shared_expert_rank_num: int = 0, quant_mode: int = 0,
+                                   global_bs: int = 0, expert_token_nums_type: int = 1, **_: Any) -> tuple:
+    """MC2 dispatch, one EP rank (this fake exchanges nothing): pairs grouped by expert, and what combine needs.
+
+    Returns (expand_x, dynamic_scales, assist_info_for_combine, expert_token_nums, ep_recv_counts,
+    tp_recv_counts, expand_scales); ``assist_info_for_combine`` lists each expanded row's pair (token * K + j).
+    """
+    _log("npu_moe_distribute_dispatch_v2", (x, expert_ids, group_ep, ep_world_size, ep_rank_id, moe_expert_num),
+         {"x_active_mask": x_active_mask, "global_bs": global_bs, "expert_token_nums_type": expert_token_nums_type})
+    on_device(x, expert_ids, x_active_mask)
+    _check(isinstance(group_ep, str) and group_ep != "", "group_ep must be the HCCL communicator name")
+    _check(ep_world_size == 1 and ep_rank_id == 0, "this fake serves one EP rank")
+    _check(expert_ids.dtype == torch.int32, f"expert_ids must be int32, got {expert_ids.dtype}")
+    _check(x.dtype in (torch.float16, torch.bfloat16), f"x dtype {x.dtype}")
+    _check(expert_token_nums_type in (0, 1), "expert_token_nums_type is 0 (running sums) or 1 (counts)")
+    batch, top_k = expert_ids.shape
+    _check(global_bs in (0, batch) or global_bs >= batch, "global_bs below the batch")
+    ids = host(expert_ids).to(torch.int64).reshape(-1)
+    active = host(x_active_mask).repeat_interleave(top_k) if x_active_mask is not None else torch.ones_like(ids, dtype=torch.bool)
+    kept = torch.nonzero(active, as_tuple=True)[0]
+    pairs = kept[torch.argsort(ids[kept], stable=True)]
+    capacity = max(global_bs, batch) * min(moe_expert_num, top_k)
+    expand_x = torch.zeros(capacity, x.shape[-1], dtype=x.dtype)
+    expand_x[: pairs.numel()] = host(x)[pairs // top_k]
+    counts = torch.bincount(ids[pairs], minlength=moe_expert_num).to(torch.int64)
+    nums = counts if expert_token_nums_type == 1 else torch.cumsum(counts, 0)
+    assist = torch.full((capacity,), -1, dtype=torch.int32)
+    assist[: pairs.numel()] = pairs.to(torch.int32)
+    recv = torch.tensor([pairs.numel()], dtype=torch.int32)
+    return (npu(expand_x), None, npu(assist), npu(nums), npu(recv), None, npu(torch.ones(capacity)))
+
+
+def npu_moe_distribute_combine_v2(expand_x: torch.Tensor, expert_ids: torch.Tensor, assist_info_for_combine: torch.Tensor,
+                                  ep_send_counts: torch.Tensor, expert_scales: torch.Tensor, group_ep: str,
+                                  ep_world_size: int, ep_rank_id: int, moe_expert_num: int, *,
+                                  tp_send_counts: Any = None, x_active_mask: torch.Tensor | None = None,
+                                  expand_scales: Any = None, global_bs: int = 0, **_: Any) -> torch.Tensor:
+    """MC2 combine, one EP rank: ``out[t] = sum_j expert_scales[t, j] * expand_x[row of pair (t, j)]``."""
+    _log("npu_moe_distribute_combine_v2", (expand_x, expert_ids, assist_info_for_combine, ep_send_counts,
+                                           expert_scales, group_ep), {"global_bs": global_bs})
+    on_device(expand_x, expert_ids, assist_info_for_combine, ep_send_counts, expert_scales, x_active_mask,
+              expand_scales)
+    _check(isinstance(group_ep, str) and group_ep != "", "group_ep must be the HCCL communicator name")
+    _check(expert_scales.dtype == torch.float32, f"expert_scales must be float32, got {expert_scales.dtype}")
+    batch, top_k = expert_ids.shape
+    rows = int(host(ep_send_counts)[-1])
+    pairs = host(assist_info_for_combine)[:rows].to(torch.int64)
+    weights = host(expert_scales).reshape(-1)[pairs].double().unsqueeze(-1)
+    out = torch.zeros(batch, expand_x.shape[-1], dtype=torch.float64)
+    out.index_add_(0, pairs // top_k, host(expand_x)[:rows].double() * weights)
+    return npu(out.to(expand_x.dtype))
+
+
 def make_module() -> types.ModuleType:
     """A fresh ``torch_npu`` module object (its ``_C`` carries ``_weak_ref_tensor``)."""
     module = types.ModuleType("torch_npu")
     for name in ("npu_format_cast", "npu_quantize", "npu_dynamic_quant", "npu_trans_quant_param",
-                 "npu_quant_matmul", "npu_grouped_matmul", "npu_swiglu", "get_npu_format"):
+                 "npu_quant_matmul", "npu_grouped_matmul", "npu_swiglu", "get_npu_format",
+                 "npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2"):
         setattr(module, name, globals()[name])
     module._C = types.SimpleNamespace(_weak_ref_tensor=lambda t: t if isinstance(t, NpuTensor) else _no_ref(t))
     return module
