@@ -10,22 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import ops.test_lora_npu  # noqa: F401  - registers the _C_ascend stand-ins (once per process)
 from ascend_kernel.ops import get_ops
 from npu.standin import DEVICE, host, npu
+from ops.test_lora_npu import HIDDEN, INDICES, OUT, RANK, TOKENS, data  # noqa: F401  - also registers the stand-ins
 
-TOKENS, HIDDEN, RANK, OUT = 6, 16, 8, 24
-INDICES = torch.tensor([-1, 1, 0, -1, 1, 1])
 GROUPS = (torch.tensor([1, -1, 0]), torch.tensor([2, 2, 1]))
-
-
-@pytest.fixture
-def data():
-    g = torch.Generator().manual_seed(7)
-    dt = torch.bfloat16
-    return {"x": torch.randn(TOKENS, HIDDEN, generator=g).to(dt), "a": torch.randn(2, 1, RANK, HIDDEN, generator=g).to(dt),
-            "h": torch.randn(TOKENS, RANK, generator=g), "b": torch.randn(2, 1, OUT, RANK, generator=g).to(dt),
-            "y": torch.randn(TOKENS, OUT, generator=g).to(dt)}
 
 
 def test_bgmv_and_sgmv_shrink_on_the_device(npu_ops, data):
