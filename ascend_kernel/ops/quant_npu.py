@@ -29,7 +29,8 @@ class TorchNpuQuantOps:
 
     @seam_op("quantize", QUANTIZE_SCHEMA, quantize_fake)
     def quantize(self, x: torch.Tensor, inv_scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-        # multiply mode (div_mode=False) along the last axis; scale and offset must share x's dtype there
+        # multiply mode (div_mode=False) along the last axis; scale and offset must share x's dtype there.
+        # vllm-ascend's W8A8 repeats the per-tensor scale K times; one value broadcasts the same along that axis
         return self._npu.npu_quantize(x, inv_scale.to(x.dtype), offset.to(x.dtype), torch.qint8, -1, False)
 
     @seam_op("dynamic_quant", DYNAMIC_QUANT_SCHEMA, dynamic_quant_fake)
@@ -41,7 +42,10 @@ class TorchNpuQuantOps:
     def quant_matmul(self, x_q: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                      pertoken_scale: torch.Tensor | None, bias: torch.Tensor | None,
                      output_dtype: torch.dtype) -> torch.Tensor:
-        # float16 output without a per-token scale takes the packed int64 scale (npu_trans_quant_param)
+        # float16 output without a per-token scale takes the packed int64 scale (npu_trans_quant_param).
+        # vllm-ascend's W8A8 passes msModelSlim's int64 deq_scale as stored (raw float32 bits); the kernel decodes
+        # it at load (one float32 form for every checkpoint format) and packs it here, keeping the 19 high bits,
+        # which are the bits this matmul reads (quant_ops.PACKED_SCALE_MASK)
         if output_dtype == torch.float16 and pertoken_scale is None and scale.dtype != torch.int64:
             scale = self._npu.npu_trans_quant_param(scale.to(torch.float32), None)
         return self._npu.npu_quant_matmul(x_q, weight, scale, pertoken_scale=pertoken_scale, bias=bias,
