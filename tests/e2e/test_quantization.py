@@ -157,9 +157,10 @@ def test_tensor_parallel_static_w8a8_equals_stock(checkpoints):
 
 
 def _npu_layers(ascend: Path) -> dict[str, object]:
-    """Per quantized linear, a float64 function computing the NPU's layer from the checkpoint's tensors."""
-    from ascend_kernel.ops.quant_ops import float32_bits_to_scale
+    """Per quantized linear, a float64 function computing the NPU's layer from the checkpoint's tensors.
 
+    Shares no code with the kernel's loader: msModelSlim's tensors are read here with numpy (``deq_scale``'s
+    float32 bits in an int64 decoded by hand)."""
     description = json.loads((ascend / "quant_model_description.json").read_text())
     tensors = {}
     for path in ascend.glob("*.safetensors"):
@@ -181,7 +182,10 @@ def _npu_layers(ascend: Path) -> dict[str, object]:
             inv = 1 / tensors[f"{prefix}.input_scale"].double().numpy()
             off = tensors[f"{prefix}.input_offset"].double().numpy()
             qb = tensors[f"{prefix}.quant_bias"].numpy().astype(np.int64)
-            deq = float32_bits_to_scale(tensors[f"{prefix}.deq_scale"].reshape(-1)).double().numpy()
+            deq = tensors[f"{prefix}.deq_scale"].reshape(-1).numpy()
+            if deq.dtype == np.int64:  # float32 sources: the scale's float32 bit pattern
+                deq = (deq & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+            deq = deq.astype(np.float64)
 
             def layer(x, w=w, inv=inv, off=off, qb=qb, deq=deq):
                 xq = np.clip(np.rint(x * inv + off), -128, 127).astype(np.int64)
@@ -211,7 +215,7 @@ def hf_greedy_npu_layers(source: Path, ascend: Path, prompt_ids: list[list[int]]
     return out
 
 
-@pytest.mark.parametrize("name", ["v1-static"])  # dynamic quantization's formula: tests/ops/test_quant_ops.py
+@pytest.mark.parametrize("name", ["v1-static", "v1-dynamic"])
 def test_float32_runs_the_seam_reference_ops_as_the_npu_computes(name, checkpoints, tiny_llama):
     """In float32 the int8 layers run the seam's quantize/dynamic_quant + quant_matmul (reference provider)."""
     ascend, _ = checkpoints[name]
