@@ -244,12 +244,44 @@ def npu_moe_distribute_combine_v2(expand_x: torch.Tensor, expert_ids: torch.Tens
     return npu(out.to(expand_x.dtype))
 
 
+def _npu_paged_attention(*, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                         num_kv_heads: int, num_heads: int, scale_value: float, block_table: torch.Tensor,
+                         context_lens: torch.Tensor, out: torch.Tensor, workspace: Any = None) -> None:
+    """Decode attention over a paged cache ``[blocks, block_size, kv_heads, d]``, written into ``out``.
+
+    ``context_lens`` are host int32 lengths (the kernel reads them on the host, which is why a captured task
+    must be re-issued with each step's lengths); every other tensor is on the device.
+    """
+    _log("_npu_paged_attention", (), {"context_lens": context_lens.clone(), "workspace": workspace})
+    on_device(query, key_cache, value_cache, block_table, out, workspace)
+    _check(context_lens.device.type == "cpu" and context_lens.dtype == torch.int32,
+           "context_lens must be host int32 lengths")
+    _check(block_table.dtype == torch.int32, f"block_table must be int32, got {block_table.dtype}")
+    q, kc, vc, table = host(query).double(), host(key_cache).double(), host(value_cache).double(), host(block_table)
+    group = num_heads // num_kv_heads
+    result = torch.zeros_like(q)
+    for b, length in enumerate(context_lens.tolist()):
+        slots = [int(table[b, t // kc.shape[1]]) * kc.shape[1] + t % kc.shape[1] for t in range(length)]
+        k = kc.reshape(-1, *kc.shape[2:])[slots].repeat_interleave(group, dim=1)  # [L, heads, d]
+        v = vc.reshape(-1, *vc.shape[2:])[slots].repeat_interleave(group, dim=1)
+        weights = torch.softmax(torch.einsum("hd,lhd->hl", q[b], k) * scale_value, dim=-1)
+        result[b] = torch.einsum("hl,lhd->hd", weights, v)
+    out.host.copy_(result.to(out.dtype))
+
+
+def _npu_paged_attention_get_workspace(*, query: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    _log("_npu_paged_attention_get_workspace", (), {"context_lens": kwargs["context_lens"].clone()})
+    on_device(query, kwargs["key_cache"], kwargs["block_table"], kwargs["out"])
+    return npu(torch.zeros(64, dtype=torch.uint8))
+
+
 def make_module() -> types.ModuleType:
     """A fresh ``torch_npu`` module object (its ``_C`` carries ``_weak_ref_tensor``)."""
     module = types.ModuleType("torch_npu")
     for name in ("npu_format_cast", "npu_quantize", "npu_dynamic_quant", "npu_trans_quant_param",
                  "npu_quant_matmul", "npu_grouped_matmul", "npu_swiglu", "get_npu_format",
-                 "npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2"):
+                 "npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2", "_npu_paged_attention",
+                 "_npu_paged_attention_get_workspace"):
         setattr(module, name, globals()[name])
     module._C = types.SimpleNamespace(_weak_ref_tensor=lambda t: t if isinstance(t, NpuTensor) else _no_ref(t))
     return module

@@ -80,6 +80,37 @@ class StandinNpuModule:
         self.calls.append("memory_reserved")
         return self.reserved
 
+    # -- the graph task API the ACL graph code calls (torch_npu's torch.npu), recorded in ``calls`` --
+
+    def Stream(self) -> object:  # noqa: N802 - torch.npu's name
+        return object()
+
+    def current_stream(self) -> object:
+        return "current-stream"
+
+    def stream(self, stream: Any) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def ExternalEvent(self) -> Any:  # noqa: N802 - torch.npu's name
+        calls = self.calls
+        return type("ExternalEvent", (), {m: (lambda self, stream, m=m: calls.append(f"event.{m}"))
+                                          for m in ("wait", "reset", "record")})()
+
+    def graph_task_group_begin(self, stream: Any) -> None:
+        self.calls.append("graph_task_group_begin")
+
+    def graph_task_group_end(self, stream: Any) -> str:
+        self.calls.append("graph_task_group_end")
+        return f"handle-{self.calls.count('graph_task_group_end')}"
+
+    def graph_task_update_begin(self, stream: Any, handle: Any) -> None:
+        self.calls.append(f"graph_task_update_begin:{handle}")
+
+    def graph_task_update_end(self, stream: Any) -> None:
+        self.calls.append("graph_task_update_end")
+
 
 class NpuTensor(torch.Tensor):
     """A tensor on the stand-in device; ``host`` holds its values."""
