@@ -231,6 +231,13 @@ def test_the_key_wins_over_the_variable_it_replaces(monkeypatch):
     assert load_settings({"enable_fused_mc2": 0}, declared=WITHOUT_FUSION).enable_fused_mc2 is False
 
 
+def test_the_eplb_switch_vllm_ascend_requires_beside_dynamic_eplb_is_honored(monkeypatch):
+    monkeypatch.setenv("DYNAMIC_EPLB", "true")
+    assert load_settings({"eplb_config": {"dynamic_eplb": True}}, declared=WITHOUT_FUSION).enable_eplb is True
+    message = refused({"eplb_config": {"dynamic_eplb": False}})
+    assert "DYNAMIC_EPLB='true' is refused" in message and "eplb_config" in message
+
+
 def test_one_setting_given_two_ways_must_agree(monkeypatch):
     message = refused({"eplb_config": {"dynamic_eplb": True}, "ascend_kernel": {"enable_eplb": False}})
     assert "enable_eplb is given twice" in message

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-from ascend_kernel_plugins.vllm_ascend_keys.envs import ENVS, REPLACED_BY
+from ascend_kernel_plugins.vllm_ascend_keys.envs import COMPANIONS, ENVS, REPLACED_BY
 from ascend_kernel_plugins.vllm_ascend_keys.keys import KEYS, PASSED
 from ascend_kernel_plugins.vllm_ascend_keys.rules import DOC_PAGE, Section
 
@@ -54,7 +54,8 @@ def markdown() -> str:
     lines += ["", "## Environment variables", "", "| variable | where vllm-ascend reads it | what the kernel does |",
               "|---|---|---|"]
     for name, (rule, seen) in sorted(ENVS.items()):
-        replaced = f"; not read when `{REPLACED_BY[name]}` is given" if name in REPLACED_BY else ""
+        replaced = f"; not read when `{REPLACED_BY[name]}` is given" if name in REPLACED_BY else \
+            f"; on is honored beside `eplb_config.{COMPANIONS[name]}` on" if name in COMPANIONS else ""
         lines.extend(_rows(name, rule, seen + replaced))
     lines += ["", "## Keys that are not vllm-ascend's", "", "| key | read by |", "|---|---|"]
     lines += [f"| `{name}` | {_cell(rule.reader)} |" for name, rule in PASSED.items()]

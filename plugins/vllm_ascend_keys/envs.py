@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ascend_kernel_plugins.vllm_ascend_keys.keys import EPLB_INSTEAD, REMOVE, SP
-from ascend_kernel_plugins.vllm_ascend_keys.rules import Off, Outcome, Refused, Setting, apply, unknown
+from ascend_kernel_plugins.vllm_ascend_keys.rules import Off, Outcome, Refused, Setting, apply, as_bool, unknown
 
 PREFIX = "VLLM_ASCEND_"
 PD_INSTEAD = "--kv-transfer-config with MooncakeConnector (the kernel's prefill/decode disaggregation)"
@@ -54,9 +54,18 @@ ENVS: dict[str, tuple[Any, str]] = {
     "VLLM_ENABLE_FUSED_EXPERTS_ALLGATHER_EP": (Off("fused all-gather expert path", "ASCEND_KERNEL_MOE_COMM_METHOD"),
                                                "v0.11.0rc1"),
     "MSMONITOR_USE_DAEMON": (Off("msMonitor daemon", REMOVE), "v0.11.0rc1-main"),
-    "DYNAMIC_EPLB": (Off("EPLB switch in the environment", EPLB_INSTEAD), "v0.18.0rc1-main"),
-    "EXPERT_MAP_RECORD": (Off("EPLB switch in the environment", EPLB_INSTEAD), "v0.13.0-main"),
+    "DYNAMIC_EPLB": (Off("EPLB switch in the environment alone", EPLB_INSTEAD), "v0.18.0rc1-main"),
+    "EXPERT_MAP_RECORD": (Off("EPLB switch in the environment alone", EPLB_INSTEAD), "v0.13.0-main"),
 }
+
+#: variables vllm-ascend requires beside a key (its eplb_config asserts DYNAMIC_EPLB with dynamic_eplb): honored on
+#: while that key is on, as the companion of what the key maps onto
+COMPANIONS = {"DYNAMIC_EPLB": "dynamic_eplb", "EXPERT_MAP_RECORD": "dynamic_eplb"}
+
+
+def _companion_on(name: str, value: str, config: Mapping[str, Any]) -> bool:
+    eplb = config.get("eplb_config")
+    return name in COMPANIONS and isinstance(eplb, Mapping) and as_bool(eplb.get(COMPANIONS[name])) and as_bool(value)
 
 
 #: variable -> the additional_config key that replaces it (vllm-ascend reads the variable only without the key)
@@ -74,6 +83,10 @@ def outcomes(environ: Mapping[str, str], fields: frozenset[str], config: Mapping
     found: list[Outcome] = []
     for name, value in sorted(environ.items()):
         if REPLACED_BY.get(name, "") in config:
+            continue
+        if _companion_on(name, value, config):
+            found.append(Outcome("$" + name, value, effect=f"the switch vllm-ascend requires beside "
+                                 f"eplb_config.{COMPANIONS[name]}, which the kernel maps"))
             continue
         if name in ENVS:
             found.extend(apply(ENVS[name][0], "$" + name, value, fields))
