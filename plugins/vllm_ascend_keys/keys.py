@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ascend_kernel_plugins.vllm_ascend_keys.rules import (
-    Honored, Off, Outcome, Passed, Refused, Section, Setting, apply, is_off,
+    Honored, Off, Outcome, Passed, Refused, Section, Setting, apply, is_off, unknown,
 )
 
 GRAPH_INSTEAD = ("ASCEND_KERNEL_GRAPH_MODE (aclgraph on an NPU, cpu-graph on a CPU host) with "
@@ -111,15 +111,11 @@ class _Enabled(Section):
         return outcomes
 
 
-def _sub_keys(*names: str) -> tuple[str, ...]:
-    return names
-
-
 #: key -> (rule, where vllm-ascend reads it)
 KEYS: dict[str, tuple[Any, str]] = {
     # -- graph modes and compilation
     "torchair_graph_config": (_enabled_only("torchair_graph_config", "TorchAir graph mode (removed from "
-                              "vllm-ascend in v0.12)", GRAPH_INSTEAD, _sub_keys(
+                              "vllm-ascend in v0.12)", GRAPH_INSTEAD, (
                                   "mode", "use_cached_graph", "use_cached_kv_cache_bytes", "graph_batch_sizes",
                                   "graph_batch_sizes_init", "enable_multistream_mla", "enable_multistream_moe",
                                   "enable_view_optimize", "enable_frozen_parameter", "enable_kv_nz",
@@ -256,8 +252,7 @@ PASSED: dict[str, Passed] = {
 
 
 def outcomes(additional_config: Mapping[str, Any], fields: frozenset[str]) -> list[Outcome]:
-    from ascend_kernel_plugins.vllm_ascend_keys.rules import unknown
-
+    """The outcome of every key of ``additional_config``; the kernel's and vLLM's own keys are left alone."""
     found: list[Outcome] = []
     for key, value in additional_config.items():
         if key in PASSED:
