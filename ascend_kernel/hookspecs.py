@@ -77,6 +77,13 @@ def ascend_kernel_settings() -> "type[pydantic.BaseModel] | None":
     allowed in words, ``json_schema_extra={"allowed": "..."}``. Validators
     (``field_validator``) of the model apply.
 
+    A model may also define a classmethod ``from_foreign_config(additional_config,
+    model) -> {setting: value}``: the settings that keys *outside* the kernel's
+    section (another project's configuration, e.g. vllm-ascend's) stand for.
+    ``load_settings`` calls it for every installed model, in every process, and
+    the kernel's own section wins over what it returns; it raises
+    :class:`ascend_kernel.errors.SettingsError` to refuse a key by name.
+
     :return: the model class. A field name that the core or another plugin
         already declares stops start-up with a
         :class:`ascend_kernel.errors.SettingsError` naming both owners.

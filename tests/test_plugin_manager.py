@@ -32,7 +32,7 @@ BUILTINS = (
     "kv-cache-mla", "kv-cache-sfa",
     "kv-cache-standard", "kv-cache-vllm-views", "kv-transfer", "layers", "moe-comm", "moe-comm-allgather", "moe-comm-alltoall",
     "moe-comm-mc2", "moe-comm-naive-multicast", "quantization", "sampling", "sleep-mode", "spec-decode-draft-model",
-    "spec-decode-eagle", "spec-decode-mtp", "spec-decode-ngram", "spec-decode-vllm",
+    "spec-decode-eagle", "spec-decode-mtp", "spec-decode-ngram", "spec-decode-vllm", "vllm-ascend-keys",
 )
 _counter = itertools.count()
 

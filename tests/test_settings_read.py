@@ -118,6 +118,7 @@ EXPECTED_TOGGLES = {
     "enable_prefetch_mlp": "MLP weight prefetch",
     "enable_fused_mc2": "fused MC2",
     "enable_mc2_hierarchy_comm": "hierarchical MC2",
+    "sequence_parallel": "sequence parallelism (FlashComm v1)",
 }
 
 
