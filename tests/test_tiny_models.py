@@ -15,6 +15,7 @@ from ascend_kernel.models.tiny import (
     MARKER_NAME,
     ENCODER_ARCHS,
     SUPPORTED_ARCHS,
+    VISION_ARCHS,
     create_tiny_model,
     tiny_model_cache_dir,
 )
@@ -61,7 +62,8 @@ def test_encoder_model_loads_and_embeds(built: dict[str, Path]) -> None:
     assert hidden.shape[-1] == model.config.hidden_size and torch.isfinite(hidden).all()
 
 
-@pytest.mark.parametrize("arch", [a for a in SUPPORTED_ARCHS if a not in ENCODER_ARCHS and a not in DRAFT_HEAD_ARCHS])
+@pytest.mark.parametrize("arch", [a for a in SUPPORTED_ARCHS
+                                  if a not in ENCODER_ARCHS | DRAFT_HEAD_ARCHS | VISION_ARCHS])
 def test_loads_in_transformers_and_generates(built: dict[str, Path], arch: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
