@@ -43,12 +43,12 @@ def test_encoder_attention_layer_matches_vllm_native(mm_layers, four_d: bool) ->
     shape = (1, 24, 2, 80) if four_d else (1, 24, 160)
     q, k, v = (torch.randn(shape, generator=gen) for _ in range(3))
     cu = torch.tensor([0, 8, 24], dtype=torch.int32)
-    before = mm_layers.built_counts().get("encoder_attention_calls", 0)
+    before = mm_layers.built_counts().get("encoder_passes", 0)
     ours = layer.forward_cpu(q, k, v, cu_seqlens=cu)
     expected = layer.forward_native(q, k, v, cu_seqlens=cu)
     assert ours.shape == expected.shape
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
-    assert mm_layers.built_counts()["encoder_attention_calls"] == before + 1
+    assert mm_layers.built_counts()["encoder_passes"] == before + 1
     batch = torch.randn((3, 5, 160), generator=gen)  # no cu_seqlens: each row its own sequence
     torch.testing.assert_close(layer.forward_cpu(batch, batch, batch), layer.forward_native(batch, batch, batch),
                                atol=1e-5, rtol=1e-5)

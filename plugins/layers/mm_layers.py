@@ -25,7 +25,7 @@ from ascend_kernel.oot_ops import register_oot
 from ascend_kernel.upstream import rotary_cache_for
 
 _built: Counter[str] = Counter()
-#: encoder attention calls that went through the seam, and how many packed sequences (images/windows) they held
+#: encoder attention calls through the seam, per layer (each encoder forward pass calls every block once)
 _encoder_calls: Counter[str] = Counter()
 
 
@@ -70,7 +70,7 @@ class AscendMMEncoderAttention(MMEncoderAttention):
             query.reshape(tokens, self.num_heads, self.head_size),
             key.reshape(tokens, self.num_kv_heads, self.head_size),
             value.reshape(tokens, self.num_kv_heads, self.head_size), cu_seqlens, self.scale)
-        _encoder_calls["calls"] += 1
+        _encoder_calls[self.layer_name] += 1
         return out.view(bsz, q_len, self.num_heads, self.head_size) if query.dim() == 4 else out.view(bsz, q_len, -1)
 
     forward_cpu = forward_oot
@@ -88,5 +88,5 @@ def register() -> list[str]:
 
 
 def built_counts() -> dict[str, int]:
-    """How many layers of each replaced class this process built, and the encoder attention calls run."""
-    return {**_built, **({"encoder_attention_calls": _encoder_calls["calls"]} if _encoder_calls else {})}
+    """How many layers of each replaced class this process built, and the vision encoder's forward passes."""
+    return {**_built, **({"encoder_passes": max(_encoder_calls.values())} if _encoder_calls else {})}
