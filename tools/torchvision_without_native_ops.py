@@ -24,7 +24,8 @@ import sys
 
 _UNGUARDED = re.compile(r'^@torch\.library\.register_fake\("torchvision::(q?nms)"\)$', re.MULTILINE)
 _GUARDED = r'@(torch.library.register_fake("torchvision::\1") if torchvision.extension._has_ops() else (lambda fn: fn))'
-_CHECK = "import torchvision, torchvision.transforms.v2.functional; print(torchvision.__version__, torchvision.extension._has_ops())"
+_CHECK = ("import torchvision, torchvision.transforms.v2.functional; "
+          "print(torchvision.__version__, torchvision.extension._has_ops())")
 
 
 def _import_check() -> subprocess.CompletedProcess[str]:

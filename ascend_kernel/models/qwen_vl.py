@@ -1,4 +1,4 @@
-"""Qwen2.5-VL: a tiny vision-language model with the family's real vision geometry, tokens and processors.
+"""Qwen2.5-VL and Qwen3-VL: tiny vision-language models with the real families' geometry, tokens and processors.
 
 Widths and depths are small, but everything that decides *where* image tokens
 go and how pixels become patches is the real family's: patch 14, temporal
@@ -8,7 +8,9 @@ mrope over (time, height, width) sections, and the special tokens
 ``<|vision_start|>``/``<|image_pad|>``/``<|video_pad|>``/``<|vision_end|>`` with
 a ChatML template that puts them where Qwen's does. The directory carries the
 image and video processors' configs, so transformers' ``AutoProcessor`` and
-vLLM's multimodal processor load it offline.
+vLLM's multimodal processor load it offline. Qwen3-VL's differences are its own: patch 16, learned
+position embeddings interpolated over the patch grid, deepstack (vision features of chosen blocks added
+to the first decoder layers) and interleaved mrope sections, image mean/std 0.5.
 """
 
 from __future__ import annotations
@@ -70,6 +72,27 @@ def qwen2_5_vl_config(vocab_size: int) -> Any:
     )
 
 
+def qwen3_vl_config(vocab_size: int) -> Any:
+    """Qwen3-VL: a three-block vision tower whose blocks 0 and 1 feed deepstack, over a q/k-normed decoder.
+
+    Interleaved mrope sections [12, 10, 10] of 32 pairs (the real model's 24/20/20 of 64, halved).
+    """
+    from transformers import Qwen3VLConfig
+
+    text = {**DECODER, "vocab_size": vocab_size, "head_dim": 64, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [12, 10, 10], "mrope_interleaved": True}}
+    vision = {"depth": 3, "hidden_size": 128, "intermediate_size": 256, "num_heads": 2, "in_channels": 3,
+              "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2, "num_position_embeddings": 256,
+              "deepstack_visual_indexes": [0, 1], "out_hidden_size": DECODER["hidden_size"],
+              "hidden_act": "gelu_pytorch_tanh", "initializer_range": DECODER["initializer_range"]}
+    return Qwen3VLConfig(
+        text_config=text, vision_config=vision, tie_word_embeddings=False,
+        image_token_id=token_id(vocab_size, "<|image_pad|>"), video_token_id=token_id(vocab_size, "<|video_pad|>"),
+        vision_start_token_id=token_id(vocab_size, "<|vision_start|>"),
+        vision_end_token_id=token_id(vocab_size, "<|vision_end|>"),
+    )
+
+
 def add_vision_tokens(tokenizer: Any) -> None:
     """Give the shared tokenizer the family's special tokens and chat template (in place).
 
@@ -90,14 +113,26 @@ def save_qwen2_5_vl_processor(out: Path, tokenizer: Any) -> None:
 
     size = {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}
     geometry = {"patch_size": 14, "temporal_patch_size": 2, "merge_size": 2}
-    processor = Qwen2_5_VLProcessor(
-        image_processor=Qwen2VLImageProcessor(size=size, **geometry),
-        video_processor=Qwen2VLVideoProcessor(size=size, **geometry),
-        tokenizer=tokenizer, chat_template=CHAT_TEMPLATE,
-    )
-    processor.save_pretrained(out)
+    Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessor(size=size, **geometry),
+                        video_processor=Qwen2VLVideoProcessor(size=size, **geometry),
+                        tokenizer=tokenizer, chat_template=CHAT_TEMPLATE).save_pretrained(out)
 
 
-QWEN2_5_VL = Vision(add_vision_tokens, save_qwen2_5_vl_processor)
+def save_qwen3_vl_processor(out: Path, tokenizer: Any) -> None:
+    """Qwen3-VL's processors: 16-pixel patches (32-pixel merged tokens), mean and std 0.5."""
+    from transformers import Qwen3VLProcessor
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessor
+    from transformers.models.qwen3_vl import Qwen3VLVideoProcessor
 
-RECIPES: dict[str, Recipe] = {"qwen2_5_vl": Recipe(qwen2_5_vl_config, vision=QWEN2_5_VL)}
+    size = {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 100}
+    geometry = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5] * 3,
+                "image_std": [0.5] * 3}
+    Qwen3VLProcessor(image_processor=Qwen2VLImageProcessor(size=size, **geometry),
+                     video_processor=Qwen3VLVideoProcessor(size=size, **geometry),
+                     tokenizer=tokenizer, chat_template=CHAT_TEMPLATE).save_pretrained(out)
+
+
+RECIPES: dict[str, Recipe] = {
+    "qwen2_5_vl": Recipe(qwen2_5_vl_config, vision=Vision(add_vision_tokens, save_qwen2_5_vl_processor)),
+    "qwen3_vl": Recipe(qwen3_vl_config, vision=Vision(add_vision_tokens, save_qwen3_vl_processor)),
+}
