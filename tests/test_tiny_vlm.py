@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from ascend_kernel.models.qwen_vl import VISION_TOKENS
-from ascend_kernel.models.tiny import create_tiny_model
-from tests.vlm_inputs import make_image
+from ascend_kernel.models.tiny import MARKER_NAME
+from tests.vlm_inputs import make_image, shared_tiny_vlm
 
 QUESTION = "What is in the picture?"
 
@@ -24,7 +24,7 @@ PATCH = {"qwen2_5_vl": 14, "qwen3_vl": 16}
 
 @pytest.fixture(scope="module", params=sorted(PATCH))
 def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return create_tiny_model(request.param, tmp_path_factory.mktemp("vlm") / request.param)
+    return shared_tiny_vlm(tmp_path_factory, request.param)
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +43,8 @@ def test_real_family_geometry_and_token_ids(model_dir: Path, processor) -> None:
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_dir)
+    marker = json.loads((model_dir / MARKER_NAME).read_text())
+    assert (marker["arch"], marker["seed"]) == (config.model_type, 0)
     vision = config.vision_config
     patch = PATCH[config.model_type]
     assert (vision.patch_size, vision.temporal_patch_size, vision.spatial_merge_size) == (patch, 2, 2)

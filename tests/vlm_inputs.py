@@ -28,3 +28,10 @@ def write_image(path: Path, seed: int, width: int = 224, height: int = 168) -> P
     """:func:`make_image` saved as a PNG at ``path`` (lossless, so every reader sees the same pixels)."""
     make_image(seed, width, height).save(path, format="PNG")
     return path
+
+
+def shared_tiny_vlm(tmp_path_factory: Any, arch: str) -> Path:
+    """The session's tiny vision-language model of ``arch``: built once, reused by every module that asks."""
+    from ascend_kernel.models import create_tiny_model
+
+    return create_tiny_model(arch, tmp_path_factory.getbasetemp() / "shared-vlm" / arch)

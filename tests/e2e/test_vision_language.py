@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import clean_env, run_cli
-from tests.vlm_inputs import write_image
+from tests.vlm_inputs import shared_tiny_vlm, write_image
 
 MAX_TOKENS = 8
 Q1, Q2 = "What is in the picture?", "Compare the two pictures."
@@ -30,9 +30,7 @@ Q1, Q2 = "What is in the picture?", "Compare the two pictures."
 
 @pytest.fixture(scope="module")
 def vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from ascend_kernel.models import create_tiny_model
-
-    return create_tiny_model("qwen2_5_vl", tmp_path_factory.mktemp("models") / "qwen2_5_vl")
+    return shared_tiny_vlm(tmp_path_factory, "qwen2_5_vl")
 
 
 @pytest.fixture(scope="module")
