@@ -368,9 +368,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
             inputs = [_chat_prompt(llm, p) if chat else TokensPrompt(prompt_token_ids=p) if chat is None else p
                       for p, chat in prompts] if not images else image_args.prompt_inputs(llm, prompts, images)
             runs = [(None, None)] + adapters  # every prompt without an adapter, then with each adapter
+            batch, loras = [i for _ in runs for i in inputs], [r for _, r in runs for _ in inputs] if adapters else None
             outputs = image_args.generate_each(llm, inputs, params) if images else llm.generate(
-                [i for _ in runs for i in inputs], params, lora_request=[r for _, r in runs for _ in inputs] if adapters
-                else None)
+                batch, params, lora_request=loras)
             report = engine.kernel_report(llm)
             spec_decode = engine.spec_decode_counts(llm)
         finally:
