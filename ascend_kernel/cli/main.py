@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
+from ascend_kernel.cli import images as image_args
 from ascend_kernel.errors import KernelError, SettingsError, UsageError
 
 DEFAULT_PROMPTS = ("The capital of France is", "Once upon a time, there was a")
@@ -349,10 +350,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompts = [(p, False) for p in args.prompt or ()] + [(m, True) for m in args.chat or ()]
     prompts += [(ids, None) for ids in args.prompt_ids or ()]  # token ids as given: no BOS, no template
     prompts = prompts or [(p, False) for p in DEFAULT_PROMPTS]
+    images = image_args.per_prompt(args)  # --image: per prompt, checked before an engine starts
     with _engine_output_to_stderr():
         from vllm import SamplingParams
 
         request = _engine_request(args, kernel=not args.stock)
+        if images:
+            image_args.limit_request(request, images)
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 seed=args.sampling_seed, max_tokens=args.max_tokens, ignore_eos=not args.stop_at_eos,
                                 structured_outputs=_structured_outputs(args))
@@ -362,10 +366,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
             from vllm.inputs import TokensPrompt
 
             inputs = [_chat_prompt(llm, p) if chat else TokensPrompt(prompt_token_ids=p) if chat is None else p
-                      for p, chat in prompts]
+                      for p, chat in prompts] if not images else image_args.prompt_inputs(llm, prompts, images)
             runs = [(None, None)] + adapters  # every prompt without an adapter, then with each adapter
-            outputs = llm.generate([i for _ in runs for i in inputs], params,
-                                   lora_request=[r for _, r in runs for _ in inputs] if adapters else None)
+            batch, loras = [i for _ in runs for i in inputs], [r for _, r in runs for _ in inputs] if adapters else None
+            outputs = image_args.generate_each(llm, inputs, params) if images else llm.generate(
+                batch, params, lora_request=loras)
             report = engine.kernel_report(llm)
             spec_decode = engine.spec_decode_counts(llm)
         finally:
@@ -650,6 +655,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="append", metavar="MESSAGE",
                    help="a user message, sent through the tokenizer's chat template (repeatable; after the --prompt "
                    "prompts)")
+    image_args.add_image_option(p)
     p.add_argument("--stop-at-eos", action="store_true",
                    help="end an answer at the model's end-of-sequence token (default: always --max-tokens tokens, "
                    "as the tests' transformers oracle generates)")

@@ -16,12 +16,13 @@ from ascend_kernel.ops.graph_ops import (
 )
 from ascend_kernel.ops.lora_npu import TorchNpuLoRAOps
 from ascend_kernel.ops.mc2_npu import TorchNpuMC2Ops
+from ascend_kernel.ops.mm_npu import TorchNpuMMOps
 from ascend_kernel.ops.moe_npu import TorchNpuMoEOps
 from ascend_kernel.ops.opaque import seam_op
 from ascend_kernel.ops.quant_npu import TorchNpuQuantOps
 
 
-class TorchNpuOps(TorchNpuMoEOps, TorchNpuMC2Ops, TorchNpuQuantOps, TorchNpuLoRAOps):
+class TorchNpuOps(TorchNpuMoEOps, TorchNpuMC2Ops, TorchNpuQuantOps, TorchNpuLoRAOps, TorchNpuMMOps):
     name = "torch_npu"
 
     def __init__(self) -> None:
