@@ -45,9 +45,9 @@ from ascend_kernel.ops import get_ops
 from ascend_kernel.ops.opaque import define_op_once
 from ascend_kernel.runner.kernel_runner import current_trace
 from ascend_kernel_plugins.moe_comm.eplb_map import to_physical
-from ascend_kernel_plugins.moe_comm.experts import LocalExperts, gather_expert_maps, slot_table
+from ascend_kernel.ops.moe_experts import LocalExperts, gather_expert_maps, slot_table
 from ascend_kernel_plugins.moe_comm.methods.base import run_method
-from ascend_kernel_plugins.moe_comm.parallel import MoEParallel
+from ascend_kernel.ops.moe_parallel import MoEParallel
 
 logger = logging.getLogger("ascend_kernel")
 REPLACED = "UnquantizedFusedMoEMethod"
