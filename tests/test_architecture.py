@@ -225,11 +225,14 @@ def test_the_graph_reads_the_project() -> None:
 # -- the walls -------------------------------------------------------------------------------------------------
 
 
+def _none_of(found: list[Edge], why: str) -> None:
+    assert not found, why + ":\n" + "\n".join(map(str, found))
+
+
 def test_the_core_imports_no_plugin() -> None:
-    found = core_imports_of_plugins(import_edges())
-    assert not found, "the core (ascend_kernel/, CLI and conformance kit included) imports plugins; ask a hook, " \
-        "read a declared setting or move the shared piece to the seam or the core's contract types:\n" + \
-        "\n".join(map(str, found))
+    _none_of(core_imports_of_plugins(import_edges()),
+             "the core (ascend_kernel/, CLI and conformance kit included) imports plugins; ask a hook, read a "
+             "declared setting or move the shared piece to the seam or the core's contract types")
 
 
 def test_the_hook_contract_names_no_plugin() -> None:
@@ -238,10 +241,9 @@ def test_the_hook_contract_names_no_plugin() -> None:
 
 
 def test_families_meet_through_their_package() -> None:
-    found = cross_family_reaches(import_edges())
-    assert not found, "a plugin imports another family's module; import the family's package " \
-        "(ascend_kernel_plugins.<family>, its public surface) or move the piece down to the seam:\n" + \
-        "\n".join(map(str, found))
+    _none_of(cross_family_reaches(import_edges()),
+             "a plugin imports another family's module; import the family's package (ascend_kernel_plugins.<family>, "
+             "its public surface) or move the piece down to the seam")
 
 
 def test_no_import_cycles() -> None:
