@@ -4,8 +4,8 @@ argv: model path, cpu-graph capture mode, output path. Writes JSON: for each
 watched global, whether it is the object (or value) it was before the engine;
 the environment variables the kernel's own code wrote and the names this
 process had in its environment before the engine (its own, not the test runner's);
-whether the log-record factory is the one found, or that one wrapped by the
-kernel; the report's config-change paths.
+whether the log-record factory found is still in the chain of wrapped
+factories and how many of them are the kernel's; the report's config-change paths.
 """
 
 import json
@@ -16,9 +16,10 @@ import sys
 model, capture_mode, out_path = sys.argv[1], sys.argv[2], sys.argv[3]
 
 import torch  # noqa: E402
-# vLLM-CPU's worker module replaces torch's event and stream APIs for the process when imported (vLLM's own
-# change, vllm/v1/worker/cpu/shm.py); the engine imports it anyway: import it first, so that the snapshot
-# compares only what the kernel changes
+# what vLLM's and Ray's modules change for the process when imported (the engine imports them anyway), in place
+# before the snapshot, so that it compares only what the kernel changes: vLLM-CPU's worker module replaces
+# torch's event and stream APIs (vllm/v1/worker/cpu/shm.py); Ray wraps the log-record factory in a closure
+import ray  # noqa: E402, F401
 import vllm.v1.worker.cpu_worker  # noqa: E402, F401
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector  # noqa: E402
 from vllm.model_executor.layers import mla  # noqa: E402
@@ -56,11 +57,15 @@ def _recording_setitem(self, key, value):
     _setitem(self, key, value)
 
 
-def record_factory_is(factory, found) -> bool:
-    """The factory is ``found``, or the kernel's wrapper (ascend_kernel/logs.py) around it."""
-    from ascend_kernel.logs import _KernelErrorsAsParagraphs
+def record_factories(factory) -> list:
+    """The chain of log-record factories from ``factory`` down (vLLM wraps the one it finds, as the kernel does)."""
+    from ascend_kernel.upstream import wrapped_record_factory
 
-    return factory is found or (isinstance(factory, _KernelErrorsAsParagraphs) and factory.factory is found)
+    chain = []
+    while factory is not None and len(chain) < 16:
+        chain.append(factory)
+        factory = getattr(factory, "factory", None) or wrapped_record_factory(factory)
+    return chain
 
 
 os._Environ.__setitem__ = _recording_setitem
@@ -76,5 +81,7 @@ with open(out_path, "w") as f:
     json.dump({"rc": rc, "same": {k: after[k] is before[k] or after[k] == before[k] for k in before},
                "kernel_env_writes": kernel_env_writes,
                "env_before": sorted(env_before),
-               "record_factory_kept_or_wrapped": record_factory_is(logging.getLogRecordFactory(), factory_before),
+               "record_factory_found_kept": any(f is factory_before for f in record_factories(logging.getLogRecordFactory())),
+               "record_factory_kernel_wrappers": sum(type(f).__name__ == "_KernelErrorsAsParagraphs"
+                                                     for f in record_factories(logging.getLogRecordFactory())),
                "config_changes": [c["path"] for c in report["config_changes"]]}, f)
