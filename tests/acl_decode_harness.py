@@ -230,7 +230,6 @@ def check_piecewise_decode(monkeypatch: Any, device: Any, model: Any, runner: "R
     assert device.updates == 0 and replay_preparers(device) == []
 
 
-
 def full_graph_fixture(decoder: Any, make_impl: Any, weights: Any, fresh_caches: Any, make_builder: Any) -> Any:
     """A test module's ``full_graph`` fixture: its decoder captured by :func:`capture_full_graph`."""
 

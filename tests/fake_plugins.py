@@ -41,7 +41,8 @@ class PluginInstaller:
         self.folder, self.monkeypatch = folder, monkeypatch
         self.modules: list[str] = []
 
-    def __call__(self, plugins: Mapping[str, str], dist: str = "thirdparty-demo", version: str = "1.0") -> dict[str, str]:
+    def __call__(self, plugins: Mapping[str, str], dist: str = "thirdparty-demo",
+                 version: str = "1.0") -> dict[str, str]:
         tag = next(_counter)
         modules = {}
         for ep_name, source in plugins.items():

@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                info_commands.real_model_help()))
     add_engine_args(add("explain", explain.cmd_explain,
                         "decision records for a model and config (builds the engine, no generation)"))
-    generate.add_arguments(add("generate", generate.cmd_generate, "greedy offline generation through vLLM with the kernel"))
+    generate.add_arguments(add("generate", generate.cmd_generate,
+                               "greedy offline generation through vLLM with the kernel"))
     p = add("conformance", info_commands.cmd_conformance,
             "check every implementation a plugin registers against its family's contract (no engine starts)")
     from ascend_kernel.conformance.cli import add_arguments as add_conformance_arguments
