@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from typing_extensions import Annotated
 
+from ascend_kernel.entry_points import declared_settings, normalise_name
 from ascend_kernel.errors import SettingsError
 
 ENV_PREFIX = "ASCEND_KERNEL_"
@@ -69,11 +70,6 @@ def parse_capture_sizes(value: Any) -> list[int] | None:
             raise ValueError(f"{item!r} is not a positive whole number")
         sizes.append(int(item))
     return sorted(set(sizes))
-
-
-def normalise_name(name: str) -> str:
-    """Implementation and plugin names compare case-insensitively, ``_`` == ``-``."""
-    return name.strip().lower().replace("_", "-")
 
 
 #: ``json_schema_extra`` key of a toggle that no plugin implements (see :func:`unimplemented_toggle`)
@@ -261,8 +257,6 @@ def settings_model(declared: Declared | None = None) -> type[KernelSettings]:
     has no effect.
     """
     if declared is None:
-        from ascend_kernel.plugin_manager import declared_settings  # that module imports this one
-
         declared = declared_settings()
     return compose_settings(declared)
 

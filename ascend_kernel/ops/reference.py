@@ -280,7 +280,8 @@ class ReferenceOps(ReferenceMoEOps, ReferenceMC2Ops, ReferenceQuantOps, Referenc
             new = torch.cat((ra, rb), dim=-1) if is_neox_style else torch.stack((ra, rb), dim=-1).flatten(-2)
             view[..., : cos.shape[-1] * 2] = new.to(x.dtype)
 
-    def top_k_top_p(self, logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
+    @staticmethod  # the NPU provider runs it for rows its op cannot serve
+    def top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
         """Mask (to -inf) what vLLM's top-k/top-p filter drops; the kept entries keep their value.
 
         Per row, ``k`` (None, or ``k <= 0`` / ``k >= vocab``: no top-k) keeps
