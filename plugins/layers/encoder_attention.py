@@ -31,7 +31,8 @@ def replaced(settings: Any, device_kind: str) -> bool:
 
 def reset_backend(settings: Any, vllm_config: Any, device_kind: str) -> list[ConfigChange]:
     """Reset ``--mm-encoder-attn-backend`` when the kernel's own encoder attention replaces vLLM's layer."""
-    multimodal = getattr(vllm_config.model_config, "multimodal_config", None) if vllm_config.model_config else None
+    model_config = getattr(vllm_config, "model_config", None)  # None: the hook asked without an engine config
+    multimodal = getattr(model_config, "multimodal_config", None)
     if multimodal is None or multimodal.mm_encoder_attn_backend is None or not replaced(settings, device_kind):
         return []
     made = change(vllm_config, BACKEND_PATH, None, "the ascend layer ops replace MMEncoderAttention "
