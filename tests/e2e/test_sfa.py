@@ -198,14 +198,19 @@ def test_long_prompts_chunked_and_batched_equal_the_sparse_oracle(tiny_v32, spar
     assert hf_greedy(tiny_v32, ids, MAX_TOKENS) != want
 
 
-def test_prefix_cache_hit_reads_cached_indexer_keys(tiny_v32, sparse_oracle):
-    """The second prompt reuses the first one's cached blocks: latent and indexer keys both come from cache."""
+def test_prefix_cache_hit_reads_cached_indexer_keys_at_tensor_parallel_2(tiny_v32, sparse_oracle):
+    """The second prompt reuses the first one's cached blocks: latent and indexer keys both come from cache.
+
+    In TP=2 worker processes (one engine for both scenarios, suite time): each rank's MLA heads attend over the
+    selection of its own (replicated) indexer, reading its own cached indexer keys on the hit."""
     prompts = [LONG + "and then", LONG + "while the cat"]
+    env = {**ASCEND, "VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     run = generate(tiny_v32, "--engine-arg", "max_num_seqs=1", "--engine-arg", "enable_chunked_prefill=false",
                    "--engine-arg", "enable_prefix_caching=true", "--engine-arg", "block_size=16",
-                   env=ASCEND, max_tokens=MAX_TOKENS, prompts=prompts)
+                   "--engine-arg", "tensor_parallel_size=2", env=env, max_tokens=MAX_TOKENS, prompts=prompts)
+    assert [r["rank"] for r in run["report"]["ranks"]] == [0, 1]
     assert_equals_sparse_oracle(sparse_oracle, run)
-    check_states(run, "PrefillCacheHit")
+    check_states(run, "PrefillNoCache", "DecodeOnly", "PrefillCacheHit")
 
 
 def test_ngram_speculative_decoding(tiny_v32, sparse_oracle):
@@ -218,15 +223,6 @@ def test_ngram_speculative_decoding(tiny_v32, sparse_oracle):
     assert_equals_sparse_oracle(sparse_oracle, run)
     check_states(run, "SpecDecoding")
     assert run["report"]["trace"]["rejection_sampler_calls"] > 0
-
-
-def test_tensor_parallel_heads_share_one_replicated_indexer(tiny_v32, sparse_oracle):
-    """TP=2 worker processes: each rank's MLA heads attend over the selection of its own (replicated) indexer."""
-    env = clean_env(ASCEND_KERNEL_DEVICE="cpu", VLLM_CPU_OMP_THREADS_BIND="0|1", VLLM_ENABLE_V1_MULTIPROCESSING="1")
-    run = generate(tiny_v32, "--engine-arg", "tensor_parallel_size=2", env=env, max_tokens=MAX_TOKENS,
-                   prompts=[LONG + "and then"])
-    assert_equals_sparse_oracle(sparse_oracle, run)
-    check_states(run, "PrefillNoCache", "DecodeOnly")
 
 
 @pytest.mark.parametrize("capture_mode", ["piecewise", "full_decode_only"])
