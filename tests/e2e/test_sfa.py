@@ -163,30 +163,6 @@ def check_states(run: dict, *states: str) -> dict:
     return seen
 
 
-def test_short_prompts_equal_dense_transformers(tiny_v32):
-    """Every position fits in index_topk: sparse attention is dense attention, token for token.
-
-    Nothing is forced: on a CPU host vLLM's own backends cannot serve a sparse
-    model, so the Ascend backends are chosen, and the record says why.
-    """
-    run = generate(tiny_v32, env=clean_env(ASCEND_KERNEL_DEVICE="cpu"), max_tokens=MAX_TOKENS)
-    backend = next(d for d in run["report"]["decisions"] if d["family"] == "attention_backend")
-    assert backend["chosen"] == "ascend" and not backend["forced_by"].startswith("setting")
-    reasons = {c["name"]: c["reason"] for c in backend["candidates"]}
-    assert "no sparse-attention (DeepSeek-V3.2) backend" in reasons["vllm-native"]
-    ids = [o["prompt_token_ids"] for o in run["outputs"]]
-    assert max(map(len, ids)) + MAX_TOKENS <= 32  # the tiny model's index_topk
-    oracle = hf_greedy(tiny_v32, ids, MAX_TOKENS)
-    assert tokens(run) == oracle, divergence_report(tiny_v32, ids, tokens(run), oracle)
-    states = check_states(run, "PrefillNoCache", "DecodeOnly")
-    assert states == {"PrefillNoCache": 1, "DecodeOnly": MAX_TOKENS - 1}
-    # two page formats in the one SFA layout: the latent cache (kv_lora_rank + rope) and the indexer keys
-    rows = run["report"]["kv_cache"]["layouts"]
-    assert {row["layout"] for row in rows} == {"sfa"}
-    assert sorted(row["page_bytes"] // row["block_size"] for row in rows) == [128 * 4, (512 + 64) * 4]
-    assert sum(row["layers"] for row in rows) == 4  # 2 layers x (latent + indexer)
-
-
 def test_long_prompts_chunked_and_batched_equal_the_sparse_oracle(tiny_v32, sparse_oracle):
     prompts = [LONG + "and then", "Once upon a time", LONG + "while the cat sat on the mat"]
     run = generate(tiny_v32, "--engine-arg", "max_num_seqs=2", "--engine-arg", "max_num_batched_tokens=16",
@@ -242,11 +218,28 @@ def test_sparse_attention_under_cpu_graph(tiny_v32, capture_mode):
 
 
 def test_sparse_attention_under_vllms_default_compilation(tiny_v32):
-    """Without enforce_eager vLLM-CPU traces the whole model once and inductor compiles it: the indexer's
-    selection and the sparse MLA layers' attention stay in order (their data dependency, sfa_order.py)."""
+    """Every position fits in index_topk: sparse attention is dense attention, token for token.
+
+    Nothing is forced: on a CPU host vLLM's own backends cannot serve a sparse
+    model, so the Ascend backends are chosen, and the record says why. Without
+    enforce_eager vLLM-CPU traces the whole model once and inductor compiles it:
+    the indexer's selection and the sparse MLA layers' attention stay in order
+    (their data dependency, sfa_order.py). (One engine for both, suite time.)
+    """
     run = generate(tiny_v32, "--engine-arg", "enforce_eager=false", env=clean_env(ASCEND_KERNEL_DEVICE="cpu"),
                    max_tokens=MAX_TOKENS)
+    backend = next(d for d in run["report"]["decisions"] if d["family"] == "attention_backend")
+    assert backend["chosen"] == "ascend" and not backend["forced_by"].startswith("setting")
+    reasons = {c["name"]: c["reason"] for c in backend["candidates"]}
+    assert "no sparse-attention (DeepSeek-V3.2) backend" in reasons["vllm-native"]
     ids = [o["prompt_token_ids"] for o in run["outputs"]]
+    assert max(map(len, ids)) + MAX_TOKENS <= 32  # the tiny model's index_topk
     oracle = hf_greedy(tiny_v32, ids, MAX_TOKENS)
     assert tokens(run) == oracle, divergence_report(tiny_v32, ids, tokens(run), oracle)
-    check_states(run, "PrefillNoCache", "DecodeOnly")
+    states = check_states(run, "PrefillNoCache", "DecodeOnly")
+    assert states == {"PrefillNoCache": 1, "DecodeOnly": MAX_TOKENS - 1}
+    # two page formats in the one SFA layout: the latent cache (kv_lora_rank + rope) and the indexer keys
+    rows = run["report"]["kv_cache"]["layouts"]
+    assert {row["layout"] for row in rows} == {"sfa"}
+    assert sorted(row["page_bytes"] // row["block_size"] for row in rows) == [128 * 4, (512 + 64) * 4]
+    assert sum(row["layers"] for row in rows) == 4  # 2 layers x (latent + indexer)
