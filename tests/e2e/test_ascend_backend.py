@@ -34,12 +34,6 @@ def check(model, run, state: str) -> dict:
     return states
 
 
-def test_prefill_then_decode(tiny_llama):
-    run = generate(tiny_llama, env=ASCEND, max_tokens=MAX_TOKENS)
-    states = check(tiny_llama, run, "PrefillNoCache")
-    assert states == {"PrefillNoCache": 1, "DecodeOnly": MAX_TOKENS - 1}
-
-
 def test_chunked_prefill_and_mixed_batches(tiny_llama):
     prompts = [LONG + "and then", "Once upon a time", LONG + "while the cat", "Hello world! How are you today?"]
     run = generate(tiny_llama, "--engine-arg", "max_num_seqs=2", "--engine-arg", "max_num_batched_tokens=16",
@@ -134,12 +128,16 @@ def test_mla_prefix_cache_hit_on_the_ascend_backend(tiny_deepseek):
     check(tiny_deepseek, run, "PrefillCacheHit")
 
 
-def test_layer_ops_on_the_seam_too(tiny_llama):
-    """Norms and rotary embeddings through the seam as well: every Llama kernel is an Ascend one."""
+def test_prefill_then_decode_with_layer_ops_on_the_seam_too(tiny_llama):
+    """Norms and rotary embeddings through the seam as well: every Llama kernel is an Ascend one.
+
+    Also the plain prefill-then-decode scenario (one engine for both, suite time): one prefill step of the three
+    prompts, then one decode step per remaining token."""
     env = clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_ATTENTION_BACKEND="ascend",
                     ASCEND_KERNEL_LAYER_OPS="ascend")
     run = generate(tiny_llama, env=env, max_tokens=MAX_TOKENS)
-    check(tiny_llama, run, "DecodeOnly")
+    states = check(tiny_llama, run, "PrefillNoCache")
+    assert states == {"PrefillNoCache": 1, "DecodeOnly": MAX_TOKENS - 1}
     layer_ops = run["report"]["layer_ops"]
     assert layer_ops["replaced"] == ["RMSNorm", "RotaryEmbedding"]
     # 2 decoder layers x 2 norms + the final norm; one rotary embedding shared by the layers
