@@ -50,6 +50,16 @@ class PrivateName:
     overridden_by: tuple[str, ...] = ()
 
 
+#: the methods of vLLM-CPU's punica wrapper the kernel's LoRA wrapper overrides, with the parameters checked
+_LORA_OVERRIDES: tuple[tuple[str, tuple[str, ...] | None], ...] = (
+    ("_shrink_prefill", ("self", "y", "x", "w_t_all", "scale")),
+    ("_shrink_decode", ("self", "y", "x", "w_t_all", "scale")),
+    ("_expand_prefill", ("self", "y", "x", "w_t_all", "add_inputs")),
+    ("_expand_decode", ("self", "y", "x", "w_t_all", "add_inputs")),
+    ("_expand_slice_prefill", None),
+    ("_expand_slice_decode", None),
+)
+
 NAMES: tuple[PrivateName, ...] = (
     # -- torch -------------------------------------------------------------------------------------------
     PrivateName("torch._C:_len_torch_dispatch_stack", "accessor",
@@ -157,36 +167,11 @@ NAMES: tuple[PrivateName, ...] = (
                 "count failed pulls; the bounded pull fails its requests the way vLLM fails any pull", "none",
                 params=("self", "pull_metas", "req_ids", "reason"),
                 overridden_by=("ascend_kernel_plugins.kv_transfer.mooncake:KernelMooncakeWorker",)),
-    PrivateName("vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU._shrink_prefill", "override",
-                "the LoRA products on the ops seam: rows without an adapter (index -1) keep the base output (vLLM's "
-                "torch ops read slot -1)",
-                "none: the CPU wrapper's public methods call these", params=("self", "y", "x", "w_t_all", "scale"), 
-                overridden_by=("ascend_kernel.ops.lora_punica:KernelPunicaWrapper",)),
-    PrivateName("vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU._shrink_decode", "override",
-                "the LoRA products on the ops seam: rows without an adapter (index -1) keep the base output (vLLM's "
-                "torch ops read slot -1)",
-                "none: the CPU wrapper's public methods call these", params=("self", "y", "x", "w_t_all", "scale"), 
-                overridden_by=("ascend_kernel.ops.lora_punica:KernelPunicaWrapper",)),
-    PrivateName("vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU._expand_prefill", "override",
-                "the LoRA products on the ops seam: rows without an adapter (index -1) keep the base output (vLLM's "
-                "torch ops read slot -1)",
-                "none: the CPU wrapper's public methods call these", params=("self", "y", "x", "w_t_all", "add_inputs"), 
-                overridden_by=("ascend_kernel.ops.lora_punica:KernelPunicaWrapper",)),
-    PrivateName("vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU._expand_decode", "override",
-                "the LoRA products on the ops seam: rows without an adapter (index -1) keep the base output (vLLM's "
-                "torch ops read slot -1)",
-                "none: the CPU wrapper's public methods call these", params=("self", "y", "x", "w_t_all", "add_inputs"), 
-                overridden_by=("ascend_kernel.ops.lora_punica:KernelPunicaWrapper",)),
-    PrivateName("vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU._expand_slice_prefill", "override",
-                "the LoRA products on the ops seam: rows without an adapter (index -1) keep the base output (vLLM's "
-                "torch ops read slot -1)",
-                "none: the CPU wrapper's public methods call these", 
-                overridden_by=("ascend_kernel.ops.lora_punica:KernelPunicaWrapper",)),
-    PrivateName("vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU._expand_slice_decode", "override",
-                "the LoRA products on the ops seam: rows without an adapter (index -1) keep the base output (vLLM's "
-                "torch ops read slot -1)",
-                "none: the CPU wrapper's public methods call these", 
-                overridden_by=("ascend_kernel.ops.lora_punica:KernelPunicaWrapper",)),
+    *(PrivateName(f"vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU.{method}", "override",
+                  "the LoRA products on the ops seam: rows without an adapter (index -1) keep the base output "
+                  "(vLLM's torch ops read slot -1)", "none: the CPU wrapper's public methods call these",
+                  params=params, overridden_by=("ascend_kernel.ops.lora_punica:KernelPunicaWrapper",))
+      for method, params in _LORA_OVERRIDES),
     # -- texts ------------------------------------------------------------------------------------------
     PrivateName("torch._dynamo:source name L['self'] / placeholder l_self_", "text",
                 "whole-model capture tells the model's own tensors from the call's by Dynamo's source names "

