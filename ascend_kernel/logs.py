@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ascend_kernel.config_changes import ConfigChange
 from ascend_kernel.errors import KernelError
 
 logger = logging.getLogger("ascend_kernel")
@@ -77,8 +78,16 @@ def one_paragraph(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
-def wire_into_vllm() -> None:
-    """Route the kernel's logging through vLLM's (idempotent; call where vLLM is imported)."""
+#: the one process-wide change logging needs, kept for the life of the process (records are made until it exits),
+#: so recorded like a config change: the platform adds it to every engine's changes (``explain``, the report)
+RECORD_FACTORY_CHANGE = ConfigChange(
+    "logging.log_record_factory", "the process's factory", "the same, wrapped: a KernelError's record is one paragraph",
+    "vLLM logs start-up failures with logger.exception; a kernel error is a sentence for a person, not a stack",
+    "logs")
+
+
+def wire_into_vllm() -> ConfigChange:
+    """Route the kernel's logging through vLLM's (idempotent; call where vLLM is imported); the recorded change."""
     kernel_logger = logging.getLogger("ascend_kernel")
     if not any(isinstance(h, _ToVllm) for h in kernel_logger.handlers):
         kernel_logger.addHandler(_ToVllm())
@@ -87,6 +96,7 @@ def wire_into_vllm() -> None:
     factory = logging.getLogRecordFactory()
     if not _wraps(factory, _KernelErrorsAsParagraphs):
         logging.setLogRecordFactory(_KernelErrorsAsParagraphs(factory))
+    return RECORD_FACTORY_CHANGE
 
 
 def _wraps(factory: Any, kind: type) -> bool:

@@ -7,7 +7,8 @@ conda's order), so a report always lists them the same way.
 
 ``ASCEND_KERNEL_PLUGINS`` (allowlist) and ``ASCEND_KERNEL_DISABLE_PLUGINS``
 (denylist) act here, once. The settings models plugins declare
-(``ascend_kernel_settings``) are read earlier, by :func:`declared_settings`,
+(``ascend_kernel_settings``) are read earlier, by
+:func:`ascend_kernel.entry_points.declared_settings`,
 from every installed plugin whether enabled or not: the settings decide which
 plugins load, so the set of settings cannot depend on that. A plugin module that declares
 ``ASCEND_KERNEL_ESSENTIAL = "<why>"`` refuses to be disabled. A plugin that
@@ -18,7 +19,6 @@ recorded warning otherwise.
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import ModuleType
@@ -27,14 +27,19 @@ from typing import Any, Iterable
 import pluggy
 
 from ascend_kernel import hookspecs
-from ascend_kernel.errors import PluginError, SettingsError
+from ascend_kernel.entry_points import (
+    BUILTIN_DISTRIBUTION,
+    SETTINGS_HOOK,
+    describe_entry_point,
+    discover_entry_points,
+    distribution_of,
+)
+from ascend_kernel.errors import PluginError
 from ascend_kernel.registry import Implementation
 from ascend_kernel.settings import KernelSettings, normalise_name
 
 logger = logging.getLogger("ascend_kernel")
 
-ENTRY_POINT_GROUP = "ascend_kernel.plugins"
-BUILTIN_DISTRIBUTION = "ascend-kernel"
 ESSENTIAL_ATTRIBUTE = "ASCEND_KERNEL_ESSENTIAL"
 
 
@@ -64,66 +69,6 @@ class PluginInfo:
         }
 
 
-def _describe(ep: metadata.EntryPoint) -> str:
-    return f"{ep.group}: {ep.name} = {ep.value}"
-
-
-def _dist_name(ep: metadata.EntryPoint) -> str:
-    dist = getattr(ep, "dist", None)
-    return dist.metadata["Name"] if dist is not None else "?"
-
-
-def discover_entry_points() -> list[metadata.EntryPoint]:
-    """All ``ascend_kernel.plugins`` entry points, built-ins first, each group by name."""
-    eps = list(metadata.entry_points(group=ENTRY_POINT_GROUP))
-    unique: dict[tuple[str, str], metadata.EntryPoint] = {}
-    for ep in eps:  # the same dist can be visible twice on odd sys.paths
-        unique.setdefault((ep.name, ep.value), ep)
-    return sorted(
-        unique.values(),
-        key=lambda ep: (normalise_name(_dist_name(ep)) != BUILTIN_DISTRIBUTION, normalise_name(ep.name)),
-    )
-
-
-_SETTINGS_HOOK = "ascend_kernel_settings"
-_marker_reader = pluggy.PluginManager(hookspecs.PROJECT_NAME)
-_declared: dict[tuple[Any, ...], list[tuple[str, Any]]] = {}
-
-
-def declared_settings(entry_points: Iterable[metadata.EntryPoint] | None = None,
-                      builtin_only: bool = False) -> list[tuple[str, Any]]:
-    """[(plugin name, settings model)] of every installed plugin that declares one, in load order.
-
-    Disabled plugins count (their settings are checked and have no effect). A
-    plugin that fails to import declares nothing here; the manager reports the
-    failure when it loads the plugins. Discovery (~20 ms) is remembered per
-    ``sys.path``: a plugin installed into a path already searched is seen by
-    the next process.
-    """
-    key = (tuple(sys.path), builtin_only)
-    if entry_points is None and key in _declared:
-        return list(_declared[key])
-    declared = []
-    for ep in discover_entry_points() if entry_points is None else entry_points:
-        if builtin_only and normalise_name(_dist_name(ep)) != BUILTIN_DISTRIBUTION:
-            continue
-        try:
-            module = ep.load()
-        except Exception:  # noqa: BLE001
-            continue
-        if _marker_reader.parse_hookimpl_opts(module, _SETTINGS_HOOK) is not None:
-            try:
-                model = getattr(module, _SETTINGS_HOOK)()
-            except Exception as exc:  # noqa: BLE001 - a SettingsError is what register() reports
-                raise SettingsError(f"{_SETTINGS_HOOK} of plugin '{normalise_name(ep.name)}' ({_describe(ep)}) "
-                                    f"raised {type(exc).__name__}: {exc}") from exc
-            if model is not None:
-                declared.append((normalise_name(ep.name), model))
-    if entry_points is None:
-        _declared[key] = list(declared)
-    return declared
-
-
 class KernelPluginManager:
     """A pluggy manager loaded according to the settings, plus per-plugin calls.
 
@@ -151,8 +96,8 @@ class KernelPluginManager:
         seen: dict[str, str] = {}
         for ep in entry_points:
             name = normalise_name(ep.name)
-            where = _describe(ep)
-            dist = _dist_name(ep)
+            where = describe_entry_point(ep)
+            dist = distribution_of(ep)
             if name in seen:
                 raise PluginError(
                     f"Two plugins are named '{name}': {seen[name]} and {where}. "
@@ -217,7 +162,7 @@ class KernelPluginManager:
         """Every loaded plugin's settings model is part of the settings (not so when the settings came first)."""
         if not isinstance(self.settings, KernelSettings):
             return
-        for name, result in self.call_each(_SETTINGS_HOOK):
+        for name, result in self.call_each(SETTINGS_HOOK):
             if not (isinstance(result, type) and isinstance(self.settings, result)):
                 raise PluginError(
                     f"Plugin '{name}' ({self.entry_point_of(name)}) declares the settings {result!r}, but the "

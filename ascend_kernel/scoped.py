@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 #: one scoped swap at a time in the process: a swap is visible to every thread, so two that overlap
 #: would restore each other's values
@@ -33,3 +33,16 @@ def attributes_swapped(*swaps: tuple[Any, str, Any]) -> Iterator[None]:
         finally:
             for owner, name, old in reversed(saved):
                 setattr(owner, name, old)
+
+
+@contextlib.contextmanager
+def setting_swapped(get: Callable[[], Any], set_: Callable[[Any], Any], value: Any) -> Iterator[None]:
+    """A process setting read by ``get()`` and written by ``set_`` (torch's default dtype) is ``value`` inside the
+    block, under the same lock as every other swap; the old value after, also on an error."""
+    with _LOCK:
+        old = get()
+        set_(value)
+        try:
+            yield
+        finally:
+            set_(old)

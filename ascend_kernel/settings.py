@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from typing_extensions import Annotated
 
+from ascend_kernel.entry_points import declared_settings, normalise_name
 from ascend_kernel.errors import SettingsError
 
 ENV_PREFIX = "ASCEND_KERNEL_"
@@ -69,11 +70,6 @@ def parse_capture_sizes(value: Any) -> list[int] | None:
             raise ValueError(f"{item!r} is not a positive whole number")
         sizes.append(int(item))
     return sorted(set(sizes))
-
-
-def normalise_name(name: str) -> str:
-    """Implementation and plugin names compare case-insensitively, ``_`` == ``-``."""
-    return name.strip().lower().replace("_", "-")
 
 
 #: ``json_schema_extra`` key of a toggle that no plugin implements (see :func:`unimplemented_toggle`)
@@ -261,8 +257,6 @@ def settings_model(declared: Declared | None = None) -> type[KernelSettings]:
     has no effect.
     """
     if declared is None:
-        from ascend_kernel.plugin_manager import declared_settings  # that module imports this one
-
         declared = declared_settings()
     return compose_settings(declared)
 
@@ -368,10 +362,8 @@ def _describe(error: dict[str, Any], overrides: Mapping[str, Any], model: type[K
         known = ", ".join(sorted(model.model_fields))
         guess = _closest(field, list(model.model_fields))
         hint = f" (did you mean {guess!r}?)" if guess else ""
-        return (
-            f'unknown setting additional_config["{ADDITIONAL_CONFIG_KEY}"]["{field}"]{hint}; '
-            f"known settings: {known}"
-        )
+        return (f'unknown setting additional_config["{ADDITIONAL_CONFIG_KEY}"]["{field}"]{hint}; '
+                f"known settings: {known}")
     source = _source_of(field, overrides)
     value = overrides.get(field) if field in overrides else _env_value(KernelSettings.env_name(field))
     message = f"{source}={value!r} is not allowed: {error.get('msg', 'invalid value')}"
@@ -395,12 +387,23 @@ def _refused_toggles(settings: KernelSettings, overrides: Mapping[str, Any], mod
             for name, feature in unimplemented_toggles(model).items() if getattr(settings, name)]
 
 
+def _foreign(additional_config: Mapping[str, Any], model: type[KernelSettings]) -> dict[str, Any]:
+    """Settings that installed plugins read off keys outside the kernel's section (another project's names).
+
+    A plugin's settings model may define ``from_foreign_config(additional_config, model) -> {setting: value}``
+    (vllm-ascend's keys, say); it raises :class:`SettingsError` to refuse a key. Run for every installed model.
+    """
+    return {name: value for _, declared_model in model.declared if hasattr(declared_model, "from_foreign_config")
+            for name, value in declared_model.from_foreign_config(additional_config, model).items()}
+
+
 def load_settings(additional_config: Mapping[str, Any] | None = None, *,
                   declared: Declared | None = None) -> KernelSettings:
     """Build the settings for one engine: additional_config > env > default.
 
     ``additional_config`` is vLLM's ``VllmConfig.additional_config`` (the whole
-    dict); only its ``"ascend_kernel"`` entry is read. Every problem (bad
+    dict); the core reads its ``"ascend_kernel"`` entry, and a plugin model's
+    ``from_foreign_config`` the other keys (:func:`_foreign`), below that entry. Every problem (bad
     values, unknown ``ASCEND_KERNEL_*`` variables, empty values) is reported in
     one :class:`SettingsError`. The settings are the core's plus those the
     installed plugins declare (``declared``, for tests: [(plugin, model)]).
@@ -409,12 +412,11 @@ def load_settings(additional_config: Mapping[str, Any] | None = None, *,
     if additional_config:
         section = additional_config.get(ADDITIONAL_CONFIG_KEY) or {}
         if not isinstance(section, Mapping):
-            raise SettingsError(
-                f'additional_config["{ADDITIONAL_CONFIG_KEY}"] must be a mapping of setting '
-                f"names to values, got {type(section).__name__}"
-            )
+            raise SettingsError(f'additional_config["{ADDITIONAL_CONFIG_KEY}"] must be a mapping of setting '
+                                f"names to values, got {type(section).__name__}")
         overrides = dict(section)
     model = settings_model(declared)
+    overrides = {**_foreign(additional_config or {}, model), **overrides}
     problems, covered = _early_problems(overrides, model)
     settings = None
     try:

@@ -1,5 +1,8 @@
-"""What the runner tells per-step policies about a batch, and what it remembers.
+"""What the runner tells per-step policies about a batch, what they answer, and what it remembers.
 
+:class:`AttentionState` is the contract type of that answer: the attention
+state policy returns one, a drafter names the members its verification
+batches take, the backends and the conformance kit read the same members.
 :class:`StepBatch` is built once per step from arrays the runner already has;
 :class:`StepTrace` counts what the chosen policies decided (attention state,
 MoE method), which is how tests prove a scenario reached the state it meant to.
@@ -7,11 +10,27 @@ MoE method), which is how tests prove a scenario reached the state it meant to.
 
 from __future__ import annotations
 
+import enum
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
+
+
+class AttentionState(enum.Enum):
+    """Which kind of batch the attention kernels see (Ascend's fused kernels take different inputs per kind)."""
+
+    PrefillNoCache = 0
+    PrefillCacheHit = 1
+    DecodeOnly = 2
+    ChunkedPrefill = 3
+    SpecDecoding = 4
+
+    @property
+    def is_prefill(self) -> bool:
+        """True when the batch carries prompt tokens (MoE comm avoids MC2-only paths then)."""
+        return self in (AttentionState.PrefillNoCache, AttentionState.PrefillCacheHit, AttentionState.ChunkedPrefill)
 
 
 class StepBatch:

@@ -50,6 +50,16 @@ class PrivateName:
     overridden_by: tuple[str, ...] = ()
 
 
+#: the methods of vLLM-CPU's punica wrapper the kernel's LoRA wrapper overrides, with the parameters checked
+_LORA_OVERRIDES: tuple[tuple[str, tuple[str, ...] | None], ...] = (
+    ("_shrink_prefill", ("self", "y", "x", "w_t_all", "scale")),
+    ("_shrink_decode", ("self", "y", "x", "w_t_all", "scale")),
+    ("_expand_prefill", ("self", "y", "x", "w_t_all", "add_inputs")),
+    ("_expand_decode", ("self", "y", "x", "w_t_all", "add_inputs")),
+    ("_expand_slice_prefill", None),
+    ("_expand_slice_decode", None),
+)
+
 NAMES: tuple[PrivateName, ...] = (
     # -- torch -------------------------------------------------------------------------------------------
     PrivateName("torch._C:_len_torch_dispatch_stack", "accessor",
@@ -157,36 +167,11 @@ NAMES: tuple[PrivateName, ...] = (
                 "count failed pulls; the bounded pull fails its requests the way vLLM fails any pull", "none",
                 params=("self", "pull_metas", "req_ids", "reason"),
                 overridden_by=("ascend_kernel_plugins.kv_transfer.mooncake:KernelMooncakeWorker",)),
-    PrivateName("vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU._shrink_prefill", "override",
-                "the LoRA products on the ops seam: rows without an adapter (index -1) keep the base output (vLLM's "
-                "torch ops read slot -1)",
-                "none: the CPU wrapper's public methods call these", params=("self", "y", "x", "w_t_all", "scale"), 
-                overridden_by=("ascend_kernel.ops.lora_punica:KernelPunicaWrapper",)),
-    PrivateName("vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU._shrink_decode", "override",
-                "the LoRA products on the ops seam: rows without an adapter (index -1) keep the base output (vLLM's "
-                "torch ops read slot -1)",
-                "none: the CPU wrapper's public methods call these", params=("self", "y", "x", "w_t_all", "scale"), 
-                overridden_by=("ascend_kernel.ops.lora_punica:KernelPunicaWrapper",)),
-    PrivateName("vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU._expand_prefill", "override",
-                "the LoRA products on the ops seam: rows without an adapter (index -1) keep the base output (vLLM's "
-                "torch ops read slot -1)",
-                "none: the CPU wrapper's public methods call these", params=("self", "y", "x", "w_t_all", "add_inputs"), 
-                overridden_by=("ascend_kernel.ops.lora_punica:KernelPunicaWrapper",)),
-    PrivateName("vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU._expand_decode", "override",
-                "the LoRA products on the ops seam: rows without an adapter (index -1) keep the base output (vLLM's "
-                "torch ops read slot -1)",
-                "none: the CPU wrapper's public methods call these", params=("self", "y", "x", "w_t_all", "add_inputs"), 
-                overridden_by=("ascend_kernel.ops.lora_punica:KernelPunicaWrapper",)),
-    PrivateName("vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU._expand_slice_prefill", "override",
-                "the LoRA products on the ops seam: rows without an adapter (index -1) keep the base output (vLLM's "
-                "torch ops read slot -1)",
-                "none: the CPU wrapper's public methods call these", 
-                overridden_by=("ascend_kernel.ops.lora_punica:KernelPunicaWrapper",)),
-    PrivateName("vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU._expand_slice_decode", "override",
-                "the LoRA products on the ops seam: rows without an adapter (index -1) keep the base output (vLLM's "
-                "torch ops read slot -1)",
-                "none: the CPU wrapper's public methods call these", 
-                overridden_by=("ascend_kernel.ops.lora_punica:KernelPunicaWrapper",)),
+    *(PrivateName(f"vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU.{method}", "override",
+                  "the LoRA products on the ops seam: rows without an adapter (index -1) keep the base output "
+                  "(vLLM's torch ops read slot -1)", "none: the CPU wrapper's public methods call these",
+                  params=params, overridden_by=("ascend_kernel.ops.lora_punica:KernelPunicaWrapper",))
+      for method, params in _LORA_OVERRIDES),
     # -- texts ------------------------------------------------------------------------------------------
     PrivateName("torch._dynamo:source name L['self'] / placeholder l_self_", "text",
                 "whole-model capture tells the model's own tensors from the call's by Dynamo's source names "
@@ -333,3 +318,66 @@ def missing_worker_method(name: str) -> str:
 def set_runner_moe_model(runner: Any, model: Any) -> None:
     """The MoE model vLLM's ``eplb_step`` steps (set by GPU ``load_model`` only)."""
     runner._moe_model = model
+
+
+# =====================================================================================================
+# torch_npu and vLLM-Ascend's extension: the vendor stack's private names (kept as one block: issue 41)
+# =====================================================================================================
+
+
+@dataclass(frozen=True)
+class VendorName:
+    """One private name of torch_npu or of vLLM-Ascend's ``_C_ascend`` ops, with the schema the kernel calls it by.
+
+    ``target`` is ``module:name`` (``torch_npu:_npu_paged_attention``,
+    ``torch_npu._C:_weak_ref_tensor``, ``torch.ops._C_ascend:bgmv_shrink``);
+    ``params`` the parameter names in order (the kernel passes the ``_npu_*``
+    kernels keywords, so a renamed parameter is drift). No torch_npu here:
+    ``tests/npu/test_vendor_contract.py`` checks every call the kernel makes
+    against these schemas, and against the installed torch_npu where there is one.
+    """
+
+    target: str
+    params: tuple[str, ...]
+    why: str
+
+
+_PA = ("query", "key_cache", "value_cache", "num_kv_heads", "num_heads", "scale_value", "block_table",
+       "context_lens", "out")
+_QLENS = ("query", "key_cache", "value_cache", "block_table", "mask", "seq_len", "context_lens", "num_kv_heads",
+          "num_heads", "scale_value", "out")
+VENDOR_NAMES: tuple[VendorName, ...] = (
+    VendorName("torch_npu:_npu_reshape_and_cache", ("key", "value", "key_cache", "value_cache", "slot_indices"),
+               "KV cache writes (ops/npu.py reshape_and_cache), as vllm-ascend's attention"),
+    VendorName("torch_npu:_npu_flash_attention", ("query", "key", "value", "mask", "seq_len", "scale_value",
+                                                  "num_heads", "num_kv_heads", "out"), "prefill attention"),
+    VendorName("torch_npu:_npu_paged_attention", (*_PA, "workspace"), "decode attention (workspace: in graphs)"),
+    VendorName("torch_npu:_npu_paged_attention_get_workspace", _PA, "the decode workspace a captured graph keeps"),
+    VendorName("torch_npu:_npu_paged_attention_splitfuse", ("query", "key_cache", "value_cache", "mask",
+                                                            "block_table", "seq_len", "context_lens", "num_kv_heads",
+                                                            "num_heads", "scale_value", "out"), "chunked prefill"),
+    VendorName("torch_npu:_npu_flash_attention_qlens", _QLENS, "prefill with a prefix cache"),
+    VendorName("torch_npu:_npu_paged_attention_mla", ("query", "key_cache", "num_kv_heads", "num_heads",
+                                                      "scale_value", "block_table", "context_lens", "mla_vheadsize",
+                                                      "out"), "MLA decode"),
+    VendorName("torch_npu:_npu_rotary_embedding", ("positions", "query", "key", "head_size", "cos_sin_cache",
+                                                   "is_neox_style"), "in-place rotary embedding"),
+    VendorName("torch_npu._C:_weak_ref_tensor", ("tensor",), "graph outputs that do not keep the pool's memory "
+                                                            "alive (device.py weak_ref)"),
+    VendorName("torch.ops._C_ascend:bgmv_shrink", ("x", "weight", "indices", "y", "scale"), "LoRA shrink"),
+    VendorName("torch.ops._C_ascend:bgmv_expand", ("x", "weight", "indices", "y", "slice_offset", "slice_size"),
+               "LoRA expand"),
+    VendorName("torch.ops._C_ascend:sgmv_shrink", ("x", "weight", "lora_indices", "seq_len", "y", "scale"),
+               "LoRA shrink by sequence"),
+    VendorName("torch.ops._C_ascend:sgmv_expand", ("x", "weight", "lora_indices", "seq_len", "y", "slice_offset",
+                                                   "slice_size"), "LoRA expand by sequence"),
+)
+
+
+def vendor_name(target: str) -> VendorName:
+    """The declared vendor name ``target`` (KeyError names the known ones)."""
+    for name in VENDOR_NAMES:
+        if name.target == target:
+            return name
+    raise KeyError(f"{target!r} is not declared in ascend_kernel.upstream.VENDOR_NAMES; known: "
+                   f"{[n.target for n in VENDOR_NAMES]}")

@@ -151,3 +151,142 @@ def step_both_ways(monkeypatch: Any, graph_parts: tuple, lens: list[int], x: tor
     with forward(modes().NONE, metadata):
         reference = eager(runner.x.clone())
     return replayed, reference, expected, metadata
+
+
+# -- checks both decoders' tests make (standard paged attention and MLA) --------------------------------------
+
+
+class Piece:
+    """One captured piece of a piecewise model: a pure function of its tensor inputs."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __call__(self, *tensors: torch.Tensor) -> Any:
+        return self.fn(*tensors)
+
+
+def check_replays_equal_eager_and_oracle(full_graph: tuple, run_step: Any, check_metadata: Any) -> None:
+    """Replays over :data:`STEPS` equal the oracle and the eager twin (outputs and caches); one capture, one
+    update per layer per replay. ``check_metadata(metadata, lens, runner)`` checks what the builder built."""
+    device, _, _, model, eager, _, runner = full_graph
+    gen = torch.Generator().manual_seed(2)
+    for lens in STEPS:
+        x = torch.randn(len(lens), HIDDEN, generator=gen)
+        replayed, reference, oracle, metadata = run_step(lens, x)
+        torch.testing.assert_close(replayed[:len(lens)], oracle, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(replayed, reference, rtol=1e-5, atol=1e-5)
+        for graph_cache, eager_cache in zip(model.caches, eager.caches):
+            torch.testing.assert_close(graph_cache, eager_cache)
+        check_metadata(metadata, lens, runner)
+    assert model.calls == 1, "replays ran the recorded tasks, not the model's Python"
+    assert device.graphs[0].replays == len(STEPS)
+    assert device.updates == 2 * len(STEPS), "both layers' attention tasks re-issued before every replay"
+
+
+def check_a_stale_replay_is_caught(full_graph: tuple, run_step: Any, op_name: str) -> None:
+    """A wrapper that forgets the update before a replay is caught by the stand-in; updated again, it replays right."""
+    from graph_standin import StaleTaskParamError
+
+    from ascend_kernel_plugins.attention.ascend.graph_params import decode_graph_params
+    from ascend_kernel_plugins.graph.capture_session import register_replay_preparer, unregister_replay_preparer
+
+    device, impl, *_ = full_graph
+    params = decode_graph_params(device, impl.ops)
+    gen = torch.Generator().manual_seed(3)
+    run_step(STEPS[0], torch.randn(3, HIDDEN, generator=gen))
+    unregister_replay_preparer(device, params)
+    with pytest.raises(StaleTaskParamError) as info:
+        run_step(STEPS[1], torch.randn(4, HIDDEN, generator=gen))
+    assert op_name in str(info.value) and "context_lens=[5, 17, 33, 1]" in str(info.value)
+    assert device.graphs[0].replays == 1, "the stale replay ran nothing"
+    register_replay_preparer(device, params)
+    replayed, reference, oracle, _ = run_step(STEPS[1], torch.randn(4, HIDDEN, generator=gen))
+    torch.testing.assert_close(replayed, oracle, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(replayed, reference, rtol=1e-5, atol=1e-5)
+
+
+def check_piecewise_decode(monkeypatch: Any, device: Any, model: Any, runner: "Runner", oracle: Any,
+                           pieces: int, op_name: str) -> None:
+    """A piecewise model (attention eager between captured pieces) equals ``oracle(x, lens)`` over
+    :data:`STEPS`: every piece replayed, no attention task recorded, nothing to update."""
+    from graph_standin import capturing
+
+    from ascend_kernel_plugins.graph.capture_session import replay_preparers
+
+    with capturing(), forward(modes().PIECEWISE, runner.capture_step()):
+        model(runner.x)
+    live_decode_step(monkeypatch)
+    gen = torch.Generator().manual_seed(4)
+    for lens in STEPS:
+        x = torch.randn(len(lens), HIDDEN, generator=gen)
+        want = oracle(x, lens)
+        metadata = runner.decode_step(lens, x)
+        with forward(modes().PIECEWISE, metadata):
+            out = model(runner.x).clone()
+        torch.testing.assert_close(out[:len(lens)], want, rtol=1e-4, atol=1e-4)
+    assert len(device.graphs) == pieces and all(g.replays == len(STEPS) for g in device.graphs)
+    assert not any(op_name in g.ops() or g.groups for g in device.graphs)
+    assert device.updates == 0 and replay_preparers(device) == []
+
+
+def full_graph_fixture(decoder: Any, make_impl: Any, weights: Any, fresh_caches: Any, make_builder: Any) -> Any:
+    """A test module's ``full_graph`` fixture: its decoder captured by :func:`capture_full_graph`."""
+
+    @pytest.fixture
+    def full_graph(kernel: Any, vllm_config: Any) -> tuple:
+        """The decoder captured once in a FULL ACL graph (stand-in device), plus an eager twin and the runner."""
+        return capture_full_graph(decoder, make_impl(), weights(), fresh_caches, make_builder(vllm_config))
+
+    return full_graph
+
+
+def stepper(oracle: Any) -> Any:
+    """A test module's ``run_step(monkeypatch, graph_parts, lens, x)``: :func:`step_both_ways` with its oracle."""
+    return lambda monkeypatch, graph_parts, lens, x: step_both_ways(monkeypatch, graph_parts, lens, x, oracle)
+
+
+def check_one_task_per_layer(full_graph: tuple, op: str, write: str) -> list[Any]:
+    """The capture recorded one updatable ``op`` task per layer (and one cache write, ``write``), registered its
+    params as the device's replay preparer, and issued them from the builder's one host buffer of lengths (vLLM
+    captures with length-1 dummy requests). Returns the tasks."""
+    from ascend_kernel_plugins.attention.ascend.graph_params import decode_graph_params
+    from ascend_kernel_plugins.graph.capture_session import replay_preparers
+
+    device, impl, _, model, _, _, runner = full_graph
+    (graph,) = device.graphs
+    assert model.calls == 1 and graph.captured
+    assert graph.ops().count(op) == 2
+    assert graph.ops().count("ascend_kernel::reshape_and_cache") == 2, f"the {write} is one task per layer"
+    assert [[t.op._schema.name for t in graph.tasks[g.start:g.end]] for g in graph.groups] == [[op]] * 2
+    params = decode_graph_params(device, impl.ops)
+    assert replay_preparers(device) == [params]
+    tasks = params.tasks[graph]
+    assert [t.layer_name for t in tasks] == list(LAYERS)
+    assert runner.builder.host_lengths.buffer[:N].tolist() == [1] * N
+    assert all(t.seq_lens.data_ptr() == runner.builder.host_lengths.buffer.data_ptr() for t in tasks)
+    return tasks
+
+
+class CountingDecoder:
+    """Two decoder layers over the real impl; counts its Python calls (a replay must run none of them).
+
+    A test module's subclass says what one layer does: ``layer(name, w, cache, meta, h) -> h``.
+    """
+
+    def __init__(self, impl: Any, w: Any, caches: list[torch.Tensor]) -> None:
+        self.impl, self.w, self.caches, self.calls = impl, w, caches, 0
+
+    def layer(self, name: str, w: dict[str, torch.Tensor], cache: torch.Tensor, meta: Any,
+              h: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from vllm.forward_context import get_forward_context
+
+        self.calls += 1
+        metadata = get_forward_context().attn_metadata
+        h = x
+        for name, w, cache in zip(LAYERS, self.w, self.caches):
+            h = self.layer(name, w, cache, metadata[name], h)
+        return h

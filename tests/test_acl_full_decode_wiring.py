@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from acl_decode_harness import (BLOCK, HIDDEN, LAYERS, MAX_BLOCKS, N, NUM_BLOCKS, STEPS, TABLE, Layer, Runner,
-                                capture_full_graph, forward, kernel, live_decode_step, modes,
-                                step_both_ways)
-from graph_standin import RecordingGraphDevice, StaleTaskParamError, capturing
+from acl_decode_harness import (
+    BLOCK, HIDDEN, LAYERS, MAX_BLOCKS, N, NUM_BLOCKS, STEPS, TABLE, CountingDecoder, Layer, Piece, Runner,
+    check_a_stale_replay_is_caught, check_one_task_per_layer, check_piecewise_decode,
+    check_replays_equal_eager_and_oracle, forward, full_graph_fixture, kernel, modes, stepper,
+)
+from graph_standin import RecordingGraphDevice, capturing
 
 from ascend_kernel_plugins.attention.states import AttentionState
 
@@ -55,23 +57,13 @@ def fresh_caches(seed: int = 1) -> list[torch.Tensor]:
     return [torch.randn(NUM_BLOCKS, KVH, BLOCK, 2 * D, generator=g) for _ in LAYERS]
 
 
-class Decoder:
+class Decoder(CountingDecoder):
     """Two decoder layers (projections, the real Ascend attention impl, residual); counts its Python calls."""
 
-    def __init__(self, impl, w, caches) -> None:
-        self.impl, self.w, self.caches, self.calls = impl, w, caches, 0
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        from vllm.forward_context import get_forward_context
-
-        self.calls += 1
-        metadata = get_forward_context().attn_metadata
-        h = x
-        for name, w, cache in zip(LAYERS, self.w, self.caches):
-            out = torch.empty(h.shape[0], HIDDEN)
-            self.impl.forward(Layer(name), h @ w["q"], h @ w["k"], h @ w["v"], cache, metadata[name], out)
-            h = h + out @ w["o"]
-        return h
+    def layer(self, name, w, cache, meta, h):
+        out = torch.empty(h.shape[0], HIDDEN)
+        self.impl.forward(Layer(name), h @ w["q"], h @ w["k"], h @ w["v"], cache, meta, out)
+        return h + out @ w["o"]
 
 
 def sdpa_oracle(w, caches, x: torch.Tensor, lens: list[int]) -> torch.Tensor:
@@ -115,33 +107,13 @@ def make_builder(vllm_config):
     return AscendMetadataBuilder(spec, list(LAYERS), vllm_config, torch.device("cpu"))
 
 
-@pytest.fixture
-def full_graph(kernel, vllm_config):
-    """The decoder captured once in a FULL ACL graph (stand-in device), plus an eager twin and the runner."""
-    return capture_full_graph(Decoder, make_impl(), weights(), fresh_caches, make_builder(vllm_config))
-
-
-def run_step(monkeypatch, graph_parts, lens, x):
-    return step_both_ways(monkeypatch, graph_parts, lens, x, sdpa_oracle)
+full_graph = full_graph_fixture(Decoder, make_impl, weights, fresh_caches, make_builder)
+run_step = stepper(sdpa_oracle)
 
 
 def test_capture_records_one_updatable_attention_task_per_layer(full_graph):
-    from ascend_kernel_plugins.attention.ascend.graph_params import decode_graph_params
-    from ascend_kernel_plugins.graph.capture_session import replay_preparers
-
-    device, impl, _, model, _, wrapper, runner = full_graph
-    (graph,) = device.graphs
-    assert model.calls == 1 and graph.captured
-    assert graph.ops().count("ascend_kernel::paged_attention_out") == 2
-    assert graph.ops().count("ascend_kernel::reshape_and_cache") == 2, "the cache write is one task per layer"
-    assert [[t.op._schema.name for t in graph.tasks[g.start:g.end]] for g in graph.groups] == \
-        [["ascend_kernel::paged_attention_out"]] * 2
-    params = decode_graph_params(device, impl.ops)
-    assert replay_preparers(device) == [params]
-    assert [t.layer_name for t in params.tasks[graph]] == list(LAYERS)
-    # vLLM captures with length-1 dummy requests, decided a fresh prefill: the capture still took the decode
-    assert runner.builder.host_lengths.buffer[:N].tolist() == [1] * N
-    assert all(t.seq_lens.data_ptr() == runner.builder.host_lengths.buffer.data_ptr() for t in params.tasks[graph])
+    # decided a fresh prefill (length-1 dummy requests), the capture still took the decode
+    check_one_task_per_layer(full_graph, "ascend_kernel::paged_attention_out", "cache write")
 
 
 def test_tasks_hold_the_capture_memory_only_through_weak_references(full_graph, monkeypatch):
@@ -162,40 +134,18 @@ def test_tasks_hold_the_capture_memory_only_through_weak_references(full_graph, 
 
 
 def test_replays_with_new_lengths_equal_eager_and_sdpa(full_graph, monkeypatch):
-    device, _, _, model, eager, _, runner = full_graph
-    gen = torch.Generator().manual_seed(2)
-    for lens in STEPS:
-        x = torch.randn(len(lens), HIDDEN, generator=gen)
-        replayed, reference, oracle, metadata = run_step(monkeypatch, full_graph, lens, x)
-        r = len(lens)
-        torch.testing.assert_close(replayed[:r], oracle, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(replayed, reference, rtol=1e-5, atol=1e-5)
-        for graph_cache, eager_cache in zip(model.caches, eager.caches):
-            torch.testing.assert_close(graph_cache, eager_cache)
+    def check_metadata(metadata, lens, runner):
         meta = metadata[LAYERS[0]]
         assert meta.attn_state is AttentionState.DecodeOnly
-        assert meta.seq_lens.tolist() == lens + [1] * (N - r), "padded requests read length 1 (the null block)"
-    assert model.calls == 1, "replays ran the recorded tasks, not the model's Python"
-    assert device.graphs[0].replays == len(STEPS)
-    assert device.updates == 2 * len(STEPS), "both layers' attention tasks re-issued before every replay"
+        assert meta.seq_lens.tolist() == lens + [1] * (N - len(lens)), "padded requests read length 1 (null block)"
+
+    check_replays_equal_eager_and_oracle(full_graph, lambda lens, x: run_step(monkeypatch, full_graph, lens, x),
+                                         check_metadata)
 
 
 def test_a_replay_without_the_update_is_caught(full_graph, monkeypatch):
-    from ascend_kernel_plugins.attention.ascend.graph_params import decode_graph_params
-    from ascend_kernel_plugins.graph.capture_session import register_replay_preparer, unregister_replay_preparer
-
-    device, impl, *_ = full_graph
-    params = decode_graph_params(device, impl.ops)
-    gen = torch.Generator().manual_seed(3)
-    run_step(monkeypatch, full_graph, STEPS[0], torch.randn(3, HIDDEN, generator=gen))
-    unregister_replay_preparer(device, params)  # a wrapper that forgets to update before replaying
-    with pytest.raises(StaleTaskParamError) as info:
-        run_step(monkeypatch, full_graph, STEPS[1], torch.randn(4, HIDDEN, generator=gen))
-    assert "paged_attention_out" in str(info.value) and "context_lens=[5, 17, 33, 1]" in str(info.value)
-    assert device.graphs[0].replays == 1, "the stale replay ran nothing"
-    register_replay_preparer(device, params)  # updated again, the same step replays right
-    replayed, reference, oracle, _ = run_step(monkeypatch, full_graph, STEPS[1], torch.randn(4, HIDDEN, generator=gen))
-    torch.testing.assert_close(replayed, oracle, rtol=1e-4, atol=1e-4)
+    check_a_stale_replay_is_caught(full_graph, lambda lens, x: run_step(monkeypatch, full_graph, lens, x),
+                                   "paged_attention_out")
 
 
 def test_clearing_the_wrappers_graphs_forgets_their_tasks(full_graph):
@@ -226,19 +176,8 @@ def test_full_capture_refuses_what_its_lengths_would_freeze(kernel, vllm_config)
 # -- PIECEWISE: attention runs eagerly between captured pieces; nothing to update -------------
 
 
-class Piece:
-    """One captured piece of a piecewise model: a pure function of its tensor inputs."""
-
-    def __init__(self, fn) -> None:
-        self.fn = fn
-
-    def __call__(self, *tensors: torch.Tensor):
-        return self.fn(*tensors)
-
-
 def test_piecewise_runs_attention_eagerly_and_issues_no_task_updates(kernel, vllm_config, monkeypatch):
     from ascend_kernel_plugins.graph.acl_wrapper import AclGraphWrapper
-    from ascend_kernel_plugins.graph.capture_session import replay_preparers
 
     device, impl, w, caches = RecordingGraphDevice(), make_impl(), weights(), fresh_caches()
     oracle_caches = [c.clone() for c in caches]
@@ -258,21 +197,8 @@ def test_piecewise_runs_attention_eagerly_and_issues_no_task_updates(kernel, vll
             h = out_proj[i](h, attn_out[i])
         return h
 
-    runner = Runner(make_builder(vllm_config))
-    with capturing(), forward(modes().PIECEWISE, runner.capture_step()):
-        model(runner.x)
-    live_decode_step(monkeypatch)
-    gen = torch.Generator().manual_seed(4)
-    for lens in STEPS:
-        x = torch.randn(len(lens), HIDDEN, generator=gen)
-        oracle = sdpa_oracle(w, oracle_caches, x, lens)
-        metadata = runner.decode_step(lens, x)
-        with forward(modes().PIECEWISE, metadata):
-            out = model(runner.x).clone()
-        torch.testing.assert_close(out[:len(lens)], oracle, rtol=1e-4, atol=1e-4)
-    assert len(device.graphs) == 4 and all(g.replays == len(STEPS) for g in device.graphs)
-    assert not any("ascend_kernel::paged_attention_out" in g.ops() or g.groups for g in device.graphs)
-    assert device.updates == 0 and replay_preparers(device) == []
+    check_piecewise_decode(monkeypatch, device, model, Runner(make_builder(vllm_config)),
+                           lambda x, lens: sdpa_oracle(w, oracle_caches, x, lens), 4, "ascend_kernel::paged_attention_out")
 
 
 def test_a_workspace_is_held_strongly_only_while_its_graph_is_captured():

@@ -24,10 +24,12 @@ from typing import Any
 
 import pytest
 import torch
-from acl_decode_harness import (BLOCK, HIDDEN, LAYERS, MAX_BLOCKS, N, NUM_BLOCKS, STEPS, TABLE, Layer, Runner,
-                                capture_full_graph, forward, kernel, live_decode_step, modes,
-                                step_both_ways)
-from graph_standin import RecordingGraphDevice, StaleTaskParamError, capturing
+from acl_decode_harness import (
+    BLOCK, HIDDEN, LAYERS, MAX_BLOCKS, N, NUM_BLOCKS, TABLE, CountingDecoder, Layer, Piece, Runner,
+    check_a_stale_replay_is_caught, check_one_task_per_layer, check_piecewise_decode,
+    check_replays_equal_eager_and_oracle, forward, full_graph_fixture, kernel, modes, stepper,
+)
+from graph_standin import RecordingGraphDevice, capturing
 
 
 H, RANK, ROPE = 4, 512, 64  # DeepSeek's latent sizes (vLLM's MLA checks them)
@@ -92,22 +94,12 @@ def mla_layer(impl, name: str, w: dict[str, torch.Tensor], cache: torch.Tensor, 
     return out
 
 
-class Decoder:
+class Decoder(CountingDecoder):
     """Two MLA decoder layers (the real Ascend MLA impl, output projection, residual); counts its Python calls."""
 
-    def __init__(self, impl, w, caches) -> None:
-        self.impl, self.w, self.caches, self.calls = impl, w, caches, 0
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        from vllm.forward_context import get_forward_context
-
-        self.calls += 1
-        metadata = get_forward_context().attn_metadata
-        h = x
-        for name, w, cache in zip(LAYERS, self.w, self.caches):
-            out = mla_layer(self.impl, name, w, cache, metadata[name], h)
-            h = h + out.reshape(h.shape[0], H * RANK) @ w["o"]
-        return h
+    def layer(self, name, w, cache, meta, h):
+        out = mla_layer(self.impl, name, w, cache, meta, h)
+        return h + out.reshape(h.shape[0], H * RANK) @ w["o"]
 
 
 def softmax_oracle(w, caches, x: torch.Tensor, lens: list[int]) -> torch.Tensor:
@@ -150,35 +142,17 @@ def make_builder(vllm_config):
     return AscendMLAMetadataBuilder(spec, list(LAYERS), vllm_config, torch.device("cpu"))
 
 
-@pytest.fixture
-def full_graph(kernel, vllm_config):
-    """The decoder captured once in a FULL ACL graph (stand-in device), plus an eager twin and the runner."""
-    return capture_full_graph(Decoder, make_impl(), weights(), fresh_caches, make_builder(vllm_config))
-
-
-def run_step(monkeypatch, graph_parts, lens, x):
-    return step_both_ways(monkeypatch, graph_parts, lens, x, softmax_oracle)
+full_graph = full_graph_fixture(Decoder, make_impl, weights, fresh_caches, make_builder)
+run_step = stepper(softmax_oracle)
 
 
 def test_capture_records_one_updatable_mla_task_per_layer(full_graph):
     from ascend_kernel_plugins.attention.ascend.graph_params import MLA_LENGTHS, decode_graph_params
-    from ascend_kernel_plugins.graph.capture_session import replay_preparers
 
-    device, impl, _, model, _, _, runner = full_graph
-    (graph,) = device.graphs
-    assert model.calls == 1 and graph.captured
-    assert graph.ops().count(MLA_OP) == 2
-    assert graph.ops().count("ascend_kernel::reshape_and_cache") == 2, "the latent cache write is one task per layer"
-    assert [[t.op._schema.name for t in graph.tasks[g.start:g.end]] for g in graph.groups] == [[MLA_OP]] * 2
-    params = decode_graph_params(device, impl.ops)
-    assert replay_preparers(device) == [params]
-    tasks = params.tasks[graph]
-    assert [t.layer_name for t in tasks] == list(LAYERS)
+    tasks = check_one_task_per_layer(full_graph, MLA_OP, "latent cache write")
     assert all(t.op == "paged_attention_mla_out" and t.lengths_in == MLA_LENGTHS for t in tasks)
-    assert params.workspaces == {}, "the MLA kernel takes no workspace"
-    # vLLM captures with length-1 dummy requests: the tasks were issued from the builder's one host buffer
-    assert runner.builder.host_lengths.buffer[:N].tolist() == [1] * N
-    assert all(t.seq_lens.data_ptr() == runner.builder.host_lengths.buffer.data_ptr() for t in tasks)
+    device, impl, *_ = full_graph
+    assert decode_graph_params(device, impl.ops).workspaces == {}, "the MLA kernel takes no workspace"
 
 
 def test_mla_tasks_hold_query_and_output_through_weak_references(full_graph):
@@ -191,42 +165,18 @@ def test_mla_tasks_hold_query_and_output_through_weak_references(full_graph):
 
 
 def test_replays_with_new_lengths_equal_eager_and_softmax_oracle(full_graph, monkeypatch):
-    device, _, _, model, eager, _, runner = full_graph
-    gen = torch.Generator().manual_seed(2)
-    for lens in STEPS:
-        x = torch.randn(len(lens), HIDDEN, generator=gen)
-        replayed, reference, oracle, metadata = run_step(monkeypatch, full_graph, lens, x)
-        r = len(lens)
-        torch.testing.assert_close(replayed[:r], oracle, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(replayed, reference, rtol=1e-5, atol=1e-5)
-        for graph_cache, eager_cache in zip(model.caches, eager.caches):
-            torch.testing.assert_close(graph_cache, eager_cache)
+    def check_metadata(metadata, lens, runner):
         decode = metadata[LAYERS[0]].decode
-        assert decode.host_seq_lens.tolist() == lens + [1] * (N - r), "padded requests read length 1 (null block)"
+        assert decode.host_seq_lens.tolist() == lens + [1] * (N - len(lens)), "padded requests read length 1"
         assert decode.host_seq_lens.data_ptr() == runner.builder.host_lengths.buffer.data_ptr()
-    assert model.calls == 1, "replays ran the recorded tasks, not the model's Python"
-    assert device.graphs[0].replays == len(STEPS)
-    assert device.updates == 2 * len(STEPS), "both layers' MLA tasks re-issued before every replay"
+
+    check_replays_equal_eager_and_oracle(full_graph, lambda lens, x: run_step(monkeypatch, full_graph, lens, x),
+                                         check_metadata)
 
 
 def test_a_replay_without_the_update_is_caught(full_graph, monkeypatch):
-    from ascend_kernel_plugins.attention.ascend.graph_params import decode_graph_params
-    from ascend_kernel_plugins.graph.capture_session import register_replay_preparer, unregister_replay_preparer
-
-    device, impl, *_ = full_graph
-    params = decode_graph_params(device, impl.ops)
-    gen = torch.Generator().manual_seed(3)
-    run_step(monkeypatch, full_graph, STEPS[0], torch.randn(3, HIDDEN, generator=gen))
-    unregister_replay_preparer(device, params)  # a wrapper that forgets to update before replaying
-    with pytest.raises(StaleTaskParamError) as info:
-        run_step(monkeypatch, full_graph, STEPS[1], torch.randn(4, HIDDEN, generator=gen))
-    assert "paged_attention_mla_out" in str(info.value) and "context_lens=[5, 17, 33, 1]" in str(info.value)
-    assert device.graphs[0].replays == 1, "the stale replay ran nothing"
-    register_replay_preparer(device, params)  # updated again, the same step replays right
-    x = torch.randn(4, HIDDEN, generator=gen)
-    replayed, reference, oracle, _ = run_step(monkeypatch, full_graph, STEPS[1], x)
-    torch.testing.assert_close(replayed, oracle, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(replayed, reference, rtol=1e-5, atol=1e-5)
+    check_a_stale_replay_is_caught(full_graph, lambda lens, x: run_step(monkeypatch, full_graph, lens, x),
+                                   "paged_attention_mla_out")
 
 
 def test_full_capture_refuses_a_batch_other_than_the_size_it_captures(kernel, vllm_config):
@@ -256,19 +206,8 @@ def test_full_capture_refuses_a_batch_other_than_the_size_it_captures(kernel, vl
 # -- PIECEWISE: attention runs eagerly between captured pieces; nothing to update -------------
 
 
-class Piece:
-    """One captured piece of a piecewise model: a pure function of its tensor inputs."""
-
-    def __init__(self, fn) -> None:
-        self.fn = fn
-
-    def __call__(self, *tensors: torch.Tensor):
-        return self.fn(*tensors)
-
-
 def test_piecewise_runs_mla_eagerly_and_records_no_task_groups(kernel, vllm_config, monkeypatch):
     from ascend_kernel_plugins.graph.acl_wrapper import AclGraphWrapper
-    from ascend_kernel_plugins.graph.capture_session import replay_preparers
 
     device, impl, w, caches = RecordingGraphDevice(), make_impl(), weights(), fresh_caches()
     oracle_caches = [c.clone() for c in caches]
@@ -286,21 +225,8 @@ def test_piecewise_runs_mla_eagerly_and_records_no_task_groups(kernel, vllm_conf
             h = out_proj[i](h, heads_out[i])
         return h
 
-    runner = Runner(make_builder(vllm_config))
-    with capturing(), forward(modes().PIECEWISE, runner.capture_step()):
-        model(runner.x)
-    live_decode_step(monkeypatch)
-    gen = torch.Generator().manual_seed(4)
-    for lens in STEPS:
-        x = torch.randn(len(lens), HIDDEN, generator=gen)
-        oracle = softmax_oracle(w, oracle_caches, x, lens)
-        metadata = runner.decode_step(lens, x)
-        with forward(modes().PIECEWISE, metadata):
-            out = model(runner.x).clone()
-        torch.testing.assert_close(out[:len(lens)], oracle, rtol=1e-4, atol=1e-4)
-    assert len(device.graphs) == 2 and all(g.replays == len(STEPS) for g in device.graphs)
-    assert not any(MLA_OP in g.ops() or g.groups for g in device.graphs)
-    assert device.updates == 0 and replay_preparers(device) == []
+    check_piecewise_decode(monkeypatch, device, model, Runner(make_builder(vllm_config)),
+                           lambda x, lens: softmax_oracle(w, oracle_caches, x, lens), 2, MLA_OP)
 
 
 # -- the pieces: support declarations, the op, the torch_npu call ------------------------------

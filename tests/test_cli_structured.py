@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from ascend_kernel.cli.main import _structured_outputs, build_parser
+from ascend_kernel.cli.generate import structured_outputs as _structured_outputs
+from ascend_kernel.cli.main import build_parser
 from ascend_kernel.errors import UsageError
 
 

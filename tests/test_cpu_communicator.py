@@ -26,7 +26,7 @@ def rows(rank: int, n: int, seed: int = 0) -> torch.Tensor:
 def _worker(rank: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from ascend_kernel.platform.cpu_communicator import KernelCpuCommunicator
+    from ascend_kernel.ops.cpu_communicator import KernelCpuCommunicator
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     comm = KernelCpuCommunicator(dist.group.WORLD, torch.device("cpu"), dist.group.WORLD, unique_name="ep")

@@ -119,7 +119,7 @@ def test_mc2_tokens_capacity(kw, expected):
 # -- from_context / supports --------------------------------------------------------------
 
 
-def vllm_config(is_moe=True, ep=True, model_type="deepseek_v3", moe_quantize=None, enable_sp=False,
+def vllm_config(is_moe=True, ep=True, model_type="deepseek_v3", moe_quantize=None,
                 world=32, tp=4):
     hf = SimpleNamespace(model_type=model_type)
     if moe_quantize is not None:
@@ -129,7 +129,7 @@ def vllm_config(is_moe=True, ep=True, model_type="deepseek_v3", moe_quantize=Non
         parallel_config=SimpleNamespace(enable_expert_parallel=ep, world_size_across_dp=world,
                                         tensor_parallel_size=tp),
         compilation_config=SimpleNamespace(cudagraph_capture_sizes=[1, 2, 4, 8, 16, 30],
-                                           pass_config=SimpleNamespace(enable_sp=enable_sp)),
+                                           pass_config=SimpleNamespace()),
         speculative_config=None,
         scheduler_config=SimpleNamespace(max_num_seqs=64),
     )
@@ -149,19 +149,41 @@ def table(**over):
     return {k: v for k, v in methods.items() if v is not None}
 
 
-def ctx(config, soc="A2", kind="npu", min_world=16, methods=None, forced=None):
-    settings = SimpleNamespace(mc2_min_world_size=min_world, forced=lambda field: forced)
+def ctx(config, soc="A2", kind="npu", min_world=16, methods=None, forced=None, sequence_parallel=False):
+    settings = SimpleNamespace(mc2_min_world_size=min_world, forced=lambda field: forced,
+                               sequence_parallel=sequence_parallel)
     return SimpleNamespace(vllm_config=config, device=DeviceInfo(kind=kind, soc=soc), settings=settings,
                            tables={"moe_comm_method": table() if methods is None else methods})
 
 
 def test_from_context_reads_every_fact():
-    p = AscendMoECommPolicy.from_context(ctx(vllm_config(moe_quantize="w4a8_dynamic", enable_sp=True), min_world=8))
+    p = AscendMoECommPolicy.from_context(ctx(vllm_config(moe_quantize="w4a8_dynamic"), min_world=8,
+                                             sequence_parallel=True))
     assert (p.is_moe, p.expert_parallel, p.soc) == (True, True, "A2")
     assert p.capacity == 32  # largest capture size 30, rounded up to TP 4
     assert (p.world_size, p.min_mc2_world) == (32, 8)
     assert (p.w4a8, p.allgather_only, p.sequence_parallel) == (True, False, True)
     assert p.select(32, False).name == MC2 and p.select(33, False).name == ALLTOALL
+
+
+def test_the_sequence_parallel_state_is_the_kernel_setting_not_a_pass_config_field():
+    """vLLM 0.32's PassConfig has no enable_sp (reading it left the policy's SP branch dead); the setting that
+    vllm-ascend's enable_flashcomm1 maps onto decides: a prefill batch on all-gather stays on all-gather under SP
+    (the tokens are already sharded), and goes to naive multicast without it."""
+    from vllm.config import PassConfig
+
+    assert "enable_sp" not in PassConfig.__dataclass_fields__
+    config = vllm_config(ep=False)
+    config.compilation_config.pass_config = PassConfig()
+    for sp, prefill_method in ((False, NAIVE_MULTICAST), (True, ALLGATHER)):
+        p = AscendMoECommPolicy.from_context(ctx(config, sequence_parallel=sp))
+        assert p.sequence_parallel is sp
+        assert p.decide(64, with_prefill=True) == prefill_method and p.decide(1, with_prefill=False) == ALLGATHER
+        assert (NAIVE_MULTICAST in p.possible_methods()) is not sp
+    from ascend_kernel.settings import load_settings
+
+    real = SimpleNamespace(**{**vars(ctx(config)), "settings": load_settings({"enable_flashcomm1": False})})
+    assert AscendMoECommPolicy.from_config(real).sequence_parallel is False  # the installed settings have the field
 
 
 def test_int4_experts_in_the_checkpoint_send_a2_expert_parallelism_to_all_to_all():

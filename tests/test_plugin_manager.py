@@ -9,11 +9,9 @@ as it finds a pip-installed plugin.
 from __future__ import annotations
 
 import importlib
-import itertools
 import logging
 import os
 import sys
-import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,9 +19,11 @@ import pytest
 
 from ascend_kernel.device import DeviceInfo
 from ascend_kernel.errors import PluginError, SelectionError, SettingsError
-from ascend_kernel.plugin_manager import KernelPluginManager, discover_entry_points
+from ascend_kernel.entry_points import discover_entry_points
+from ascend_kernel.plugin_manager import KernelPluginManager
 from ascend_kernel.registry import choose
 from ascend_kernel.settings import ENV_PREFIX, load_settings
+from fake_plugins import install  # noqa: F401 - the fixture
 
 THIRDPARTY = Path(__file__).resolve().parent / "thirdparty"
 ESSENTIAL = ("attention", "graph", "kv-cache-standard", "layers", "sampling")
@@ -32,9 +32,8 @@ BUILTINS = (
     "kv-cache-mla", "kv-cache-sfa",
     "kv-cache-standard", "kv-cache-vllm-views", "kv-transfer", "layers", "moe-comm", "moe-comm-allgather", "moe-comm-alltoall",
     "moe-comm-mc2", "moe-comm-naive-multicast", "quantization", "sampling", "sleep-mode", "spec-decode-draft-model",
-    "spec-decode-eagle", "spec-decode-mtp", "spec-decode-ngram", "spec-decode-vllm",
+    "spec-decode-eagle", "spec-decode-mtp", "spec-decode-ngram", "spec-decode-vllm", "vllm-ascend-keys",
 )
-_counter = itertools.count()
 
 
 @pytest.fixture(autouse=True)
@@ -42,38 +41,6 @@ def _clean_env(monkeypatch):
     for key in list(os.environ):
         if key.upper().startswith(ENV_PREFIX):
             monkeypatch.delenv(key)
-
-
-@pytest.fixture
-def install(tmp_path, monkeypatch):
-    """install(plugins={ep_name: module_source}) -> {ep_name: entry point string}.
-
-    Module names are unique per call, so sys.modules never serves a stale one.
-    """
-    created: list[str] = []
-
-    def _install(plugins: dict[str, str], dist: str = "thirdparty-demo", version: str = "1.0") -> dict[str, str]:
-        tag = next(_counter)
-        lines = ["[ascend_kernel.plugins]"]
-        eps = {}
-        for ep_name, source in plugins.items():
-            module = f"ak_tp_{tag}_{ep_name.replace('-', '_')}"
-            (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
-            lines.append(f"{ep_name} = {module}")
-            eps[ep_name] = f"ascend_kernel.plugins: {ep_name} = {module}"
-            created.append(module)
-        info = tmp_path / f"{dist.replace('-', '_')}-{version}.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
-        (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
-        monkeypatch.syspath_prepend(str(tmp_path))
-        importlib.invalidate_caches()
-        return eps
-
-    yield _install
-    for module in created:
-        sys.modules.pop(module, None)
-    importlib.invalidate_caches()
 
 
 def manager(**additional):

@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import pickle
-import sys
-import textwrap
 
 import pytest
 from pydantic import BaseModel, Field
 
 from ascend_kernel.errors import PluginError, SettingsError
-from ascend_kernel.plugin_manager import KernelPluginManager, declared_settings
+from ascend_kernel.entry_points import declared_settings
+from ascend_kernel.plugin_manager import KernelPluginManager
 from ascend_kernel.cli.settings_doc import describe_settings
 from ascend_kernel.settings import (
     ENV_PREFIX, KernelSettings, compose_settings, load_settings, settings_model,
 )
 from ascend_kernel_plugins.graph.settings import GraphSettings
 from ascend_kernel_plugins.moe_comm.settings import MoECommSettings
+from fake_plugins import install  # noqa: F401 - the fixture
 
 
 @pytest.fixture(autouse=True)
@@ -170,18 +169,8 @@ def ascend_kernel_settings():
 
 
 @pytest.fixture
-def installed(tmp_path, monkeypatch):
-    module = "ak_tp_settings_plugin"
-    (tmp_path / f"{module}.py").write_text(textwrap.dedent(PLUGIN))
-    info = tmp_path / "tp_settings-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tp-settings\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[ascend_kernel.plugins]\ntp_settings = {module}\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.invalidate_caches()
-    yield
-    sys.modules.pop(module, None)
-    importlib.invalidate_caches()
+def installed(install):
+    install({"tp_settings": PLUGIN}, dist="tp-settings")
 
 
 def test_an_installed_third_party_declares_its_settings_through_the_hook(installed, monkeypatch):
@@ -244,22 +233,12 @@ def test_the_kit_passes_the_builtin_settings_models(tmp_path):
                                                    "settings-defaults", "settings-importable"}
 
 
-def test_the_kit_names_each_broken_settings_contract(tmp_path, monkeypatch):
+def test_the_kit_names_each_broken_settings_contract(tmp_path, install):
     from ascend_kernel.conformance import run_conformance
     from ascend_kernel_plugins.moe_comm.settings import MoECommSettings as Builtin
 
-    module = "ak_tp_bad_settings"
-    (tmp_path / f"{module}.py").write_text(textwrap.dedent(BAD_PLUGIN))
-    info = tmp_path / "tp_bad-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tp-bad\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[ascend_kernel.plugins]\ntp_bad = {module}\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.invalidate_caches()
-    try:
-        report = run_conformance(["tp-bad"], families=["settings"], cache_dir=tmp_path / "cache")
-    finally:
-        sys.modules.pop(module, None)
+    install({"tp_bad": BAD_PLUGIN}, dist="tp-bad")
+    report = run_conformance(["tp-bad"], families=["settings"], cache_dir=tmp_path / "cache")
     failed = {r.contract: r.reason for r in report.failures}
     assert set(failed) == {"settings-described", "settings-names", "settings-importable"}
     assert "tpbad_window" in failed["settings-described"]
@@ -298,24 +277,14 @@ def test_a_bad_default_names_the_plugin_not_a_variable():
         load_settings(declared=[("tp", BadDefault)])
 
 
-def test_a_settings_hook_that_raises_is_a_settings_error_naming_the_plugin(tmp_path, monkeypatch):
-    module = "ak_tp_raising_settings"
-    (tmp_path / f"{module}.py").write_text(textwrap.dedent("""
+def test_a_settings_hook_that_raises_is_a_settings_error_naming_the_plugin(install):
+    install({"tp_raising": """
         from ascend_kernel.hookspecs import hookimpl
 
         @hookimpl
         def ascend_kernel_settings():
             raise RuntimeError("no model today")
-    """))
-    info = tmp_path / "tp_raising-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tp-raising\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[ascend_kernel.plugins]\ntp_raising = {module}\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.invalidate_caches()
-    try:
-        with pytest.raises(SettingsError, match=r"ascend_kernel_settings of plugin 'tp-raising' \(.*\) raised "
-                                                r"RuntimeError: no model today"):
-            load_settings()
-    finally:
-        sys.modules.pop(module, None)
+    """}, dist="tp-raising")
+    with pytest.raises(SettingsError, match=r"ascend_kernel_settings of plugin 'tp-raising' \(.*\) raised "
+                                            r"RuntimeError: no model today"):
+        load_settings()

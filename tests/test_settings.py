@@ -69,10 +69,12 @@ def test_additional_config_overrides_env(monkeypatch):
     assert s.soc == "A2"  # not overridden: env still applies
 
 
-def test_other_additional_config_keys_are_ignored():
-    s = load_settings({"some_other_plugin": {"x": 1}, "ascend_kernel": {"soc": "A3"}})
+def test_other_additional_config_keys_are_left_to_the_plugins():
+    """The core reads its own section only; the vllm-ascend-keys plugin refuses a key nobody knows."""
+    s = load_settings({"some_other_plugin": {"x": 1}, "ascend_kernel": {"soc": "A3"}}, declared=[])
     assert s.soc == "A3"
-    assert load_settings({"unrelated": 1}).soc == "auto"
+    with pytest.raises(SettingsError, match=r'additional_config\["unrelated"\]=1 is no key of vllm-ascend'):
+        load_settings({"unrelated": 1})
 
 
 def test_additional_config_section_must_be_mapping():

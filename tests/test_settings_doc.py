@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ascend_kernel.cli.settings_doc import settings_markdown
-from ascend_kernel.plugin_manager import declared_settings
+from ascend_kernel.entry_points import declared_settings
 from ascend_kernel.settings import KernelSettings
 
 REPO = Path(__file__).resolve().parents[1]

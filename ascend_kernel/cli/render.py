@@ -30,3 +30,24 @@ def kv_table(report: dict[str, Any]) -> str:
     head = (f"KV cache: requested {kv.get('requested_bytes', 0)} B, allocated {kv.get('allocated_bytes', 0)} B, "
             f"alignment {kv.get('alignment', 1)} B, slack {kv.get('slack_bytes', 0)} B")
     return head + "\n" + table(["spec", "layout", "layers", "tensors", "page bytes", "bytes"], rows)
+
+
+def report_text(report: dict[str, Any] | None) -> str:
+    if report is None:
+        return "(stock vLLM: the kernel was not active)"
+    parts = [f"device: {report['device']}", decisions_table(report)]
+    if report.get("kv_cache"):
+        parts.append(kv_table(report))
+    if report.get("trace"):
+        t = report["trace"]
+        parts.append(f"step trace: {t['steps']} steps, attention states {t['attention_states']}, "
+                     f"MoE methods {t['moe_methods'] or '-'}, sampler calls {t['sampler_calls']}, "
+                     f"rejection-sampler calls {t['rejection_sampler_calls']}, drafter calls {t['drafter_calls']}")
+    graph = report.get("graph") or {}
+    if graph.get("captured_sizes"):
+        parts.append(f"graph: {graph['mode']}, captured {graph['captured_sizes']} in {graph['capture_s']} s, "
+                     f"replays {graph['replays'] or '-'}, eager fallbacks {graph['eager_fallbacks']} ({graph['why']})")
+    if report.get("config_changes"):
+        parts.append("config changes:\n" + "\n".join(
+            f"  {c['path']}: {c['old']} -> {c['new']} ({c['plugin']}: {c['reason']})" for c in report["config_changes"]))
+    return "\n\n".join(parts)

@@ -55,15 +55,15 @@ def _check_kv_transfer_flag(parser: Any) -> None:
     spelling vLLM's parser accepts (``=``, underscores, dotted keys, ``--config`` files)
     goes through the same action.
     """
-    from ascend_kernel_plugins.kv_transfer.config_check import check_kv_transfer_config
-
+    from ascend_kernel.cli.value_checks import checks_for
     from ascend_kernel.upstream import parser_action
 
     action = parser_action(parser, "kv_transfer_config")
     convert = action.type
 
     def checked(text: str) -> Any:
-        check_kv_transfer_config(text)
+        for check in checks_for("kv_transfer_config"):  # the kv-transfer plugin's (cli/value_checks.py)
+            check(text, "--kv-transfer-config")
         return convert(text) if convert is not None else text
 
     action.type = checked
@@ -89,12 +89,12 @@ def eplb_into_settings(args: Any, argv: Sequence[str]) -> None:
     """
     if not getattr(args, "enable_eplb", False):
         return
-    from ascend_kernel.cli.main import _eplb_request
+    from ascend_kernel.cli.engine_request import eplb_request
 
     extra: dict[str, Any] = {"enable_eplb": True, "additional_config": dict(args.additional_config or {})}
     if any(a.startswith(("--eplb-config", "--eplb_config")) for a in argv):  # also --eplb-config.window_size=4
         extra["eplb_config"] = args.eplb_config
-    _eplb_request(extra)
+    eplb_request(extra)
     args.additional_config, args.enable_eplb = extra["additional_config"], False
 
 

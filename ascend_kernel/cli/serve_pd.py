@@ -118,7 +118,8 @@ def _stop_on_sigterm(signum: int, frame: Any) -> None:
 
 def main(argv: Sequence[str]) -> int:
     from ascend_kernel.cli.pd_proxy import serve_proxy
-    from ascend_kernel_plugins.kv_transfer.config_check import mooncake_protocol_problem
+    from ascend_kernel.cli.value_checks import check_value
+    from ascend_kernel.errors import KernelError
 
     args, serve_args = build_parser().parse_known_args(list(argv))
     if any(a.split("=", 1)[0].replace("_", "-") == "--kv-transfer-config" for a in serve_args):
@@ -129,9 +130,10 @@ def main(argv: Sequence[str]) -> int:
         print(f"{PROG}: error: --tensor-parallel-size is set per role by {PROG}; use --prefill-tp and --decode-tp "
               "(whole numbers >= 1); nothing was started", file=sys.stderr)
         return 2
-    protocol_problem = mooncake_protocol_problem({"mooncake_protocol": args.mooncake_protocol}, "--mooncake-protocol")
-    if protocol_problem is not None:
-        print(f"{PROG}: error: {protocol_problem}; nothing was started", file=sys.stderr)
+    try:  # the kv-transfer plugin's check (cli/value_checks.py)
+        check_value("mooncake_protocol", args.mooncake_protocol, "--mooncake-protocol")
+    except KernelError as exc:  # the check's UsageError, or a bad ASCEND_KERNEL_* setting
+        print(f"{PROG}: error: {exc}; nothing was started", file=sys.stderr)
         return 2
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="ascend-kernel-pd-"))
     log_dir.mkdir(parents=True, exist_ok=True)

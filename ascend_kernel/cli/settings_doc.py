@@ -49,7 +49,7 @@ def _type(row: dict[str, Any]) -> str:
 
 
 def settings_markdown() -> str:
-    from ascend_kernel.plugin_manager import declared_settings
+    from ascend_kernel.entry_points import declared_settings
 
     rows = describe_settings(declared=declared_settings(builtin_only=True))
     groups: dict[str | None, list[dict[str, Any]]] = {}

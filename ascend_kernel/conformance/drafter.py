@@ -9,7 +9,7 @@ did not check:
 * ``interface``: the built object has a callable ``build`` taking the runner,
   and the attributes the hookspec asks of it: ``single_token_state`` and
   ``verify_state`` (names of ``AttentionState`` members, checked against the
-  built-in enum when the attention plugin is installed) and ``kv_cache`` (words);
+  core's contract enum :class:`ascend_kernel.step.AttentionState`) and ``kv_cache`` (words);
 * ``proposals``: ``build`` is given a stand-in runner holding only
   ``vllm_config``; when that gives a proposer with the n-gram ``propose``
   signature (``num_speculative_tokens, sampled_token_ids, num_tokens_no_spec,
@@ -36,11 +36,9 @@ CONFIGS = ("llama-ngram", "llama-draft-model", "llama-eagle", "qwen3_next-mtp")
 NGRAM_PARAMETERS = ("num_speculative_tokens", "sampled_token_ids", "num_tokens_no_spec", "token_ids_cpu")
 
 
-def _attention_states() -> set[str] | None:
-    try:
-        from ascend_kernel_plugins.attention.states import AttentionState
-    except ImportError:
-        return None
+def _attention_states() -> set[str]:
+    from ascend_kernel.step import AttentionState
+
     return set(AttentionState.__members__)
 
 
@@ -63,7 +61,7 @@ def check_entry(entry: Any, kit: Any, checks: Checks) -> None:
         for attr in ("single_token_state", "verify_state"):
             value = getattr(drafter, attr, None)
             assert isinstance(value, str) and value, f"{attr} is {value!r}, not the name of an attention state"
-            assert states is None or value in states, f"{attr} is {value!r}, not one of {sorted(states)}"
+            assert value in states, f"{attr} is {value!r}, not one of {sorted(states)}"
         kv_cache = getattr(drafter, "kv_cache", None)
         assert isinstance(kv_cache, str) and kv_cache, f"kv_cache is {kv_cache!r}, not a description"
         return (f"build(runner); single_token_state {drafter.single_token_state}, verify_state "

@@ -9,7 +9,9 @@ registry, which is restored afterwards (as is the process's kernel), then:
 * ``matches-vllm-native``: for every replaced class the kit has inputs for
   (``RMSNorm``, with and without a residual, float32 and bfloat16;
   ``RotaryEmbedding``, neox and GPT-J style, whole and partial rotary, with
-  and without a key), a layer vLLM builds is the replacement, and each of its
+  and without a key; ``MRotaryEmbedding``, sectioned and interleaved, 3-D and
+  text-only positions; ``MMEncoderAttention``, packed sequences in 3-D and 4-D
+  layouts), a layer vLLM builds is the replacement, and each of its
   forward paths that differs from vLLM's (``forward_oot``, ``forward_cpu``,
   ``forward_cuda``, ``forward_npu``, and the dispatched call) equals vLLM's
   ``forward_native``. A replaced class without kit inputs is named in a skip.
@@ -118,7 +120,46 @@ def _rotary(replacement: type) -> str:
     return f"RotaryEmbedding: {done} calls"
 
 
-ORACLES: dict[str, Callable[[type], str]] = {"RMSNorm": _rms_norm, "RotaryEmbedding": _rotary}
+def _mrope(replacement: type) -> str:
+    from vllm.model_executor.layers.rotary_embedding.mrope import MRotaryEmbedding
+
+    done = 0
+    for interleaved in (False, True):
+        layer = MRotaryEmbedding(64, 64, 128, 10000.0, True, torch.float32, mrope_section=[8, 12, 12],
+                                 mrope_interleaved=interleaved)
+        assert type(layer) is replacement, \
+            f"vLLM built {type(layer).__name__}, not the installed {replacement.__name__}"
+        gen = torch.Generator().manual_seed(int(interleaved))
+        positions = torch.randint(0, 512, (3, 9), generator=gen)
+        q, k = torch.randn(9, 4 * 64, generator=gen), torch.randn(9, 2 * 64, generator=gen)
+        for pos in (positions, positions[0]):
+            want = MRotaryEmbedding.forward_native(layer, pos, q.clone(), k.clone())
+            for name, fn in _forwards(layer, MRotaryEmbedding):
+                where = f"MRotaryEmbedding.{name} (interleaved={interleaved}, {pos.ndim}-D positions)"
+                _same(fn(pos, q.clone(), k.clone()), want, torch.float32, where)
+                done += 1
+    return f"MRotaryEmbedding: {done} calls"
+
+
+def _encoder_attention(replacement: type) -> str:
+    from vllm.model_executor.layers.attention.mm_encoder_attention import MMEncoderAttention
+
+    layer = MMEncoderAttention(num_heads=2, head_size=80, scale=80 ** -0.5)
+    assert type(layer) is replacement, \
+        f"vLLM built {type(layer).__name__}, not the installed {replacement.__name__}"
+    gen, done = torch.Generator().manual_seed(0), 0
+    cu = torch.tensor([0, 8, 9, 24], dtype=torch.int32)
+    for shape in ((1, 24, 160), (1, 24, 2, 80)):
+        q, k, v = (torch.randn(shape, generator=gen) for _ in range(3))
+        want = MMEncoderAttention.forward_native(layer, q, k, v, cu)
+        for name, fn in _forwards(layer, MMEncoderAttention):
+            _same(fn(q, k, v, cu), want, torch.float32, f"MMEncoderAttention.{name} ({len(shape)}-D, 3 sequences)")
+            done += 1
+    return f"MMEncoderAttention: {done} calls"
+
+
+ORACLES: dict[str, Callable[[type], str]] = {"RMSNorm": _rms_norm, "RotaryEmbedding": _rotary,
+                                             "MRotaryEmbedding": _mrope, "MMEncoderAttention": _encoder_attention}
 
 
 def check_entry(entry: Any, kit: Any, checks: Checks) -> None:

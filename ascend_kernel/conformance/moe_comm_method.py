@@ -91,7 +91,7 @@ def dense_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torc
 
 def local_experts(owners: tuple[int, ...] | None, rank: int) -> Any:
     """This rank's experts (all of them without ``owners``) over the reference ops, and the slot map."""
-    from ascend_kernel_plugins.moe_comm.experts import LocalExperts
+    from ascend_kernel.ops.moe_experts import LocalExperts
 
     from ascend_kernel.ops.reference import ReferenceOps
 
@@ -123,14 +123,6 @@ def _compare(out: Any, want: torch.Tensor, where: str) -> None:
         f"{where}: differs from the dense MoE by up to {err:.3g}"
 
 
-def _plugin_available() -> None:
-    try:
-        import ascend_kernel_plugins.moe_comm.experts
-        import ascend_kernel_plugins.moe_comm.parallel  # noqa: F401
-    except ImportError as exc:  # the experts and parallel types come with the built-in moe-comm plugins
-        raise Skip(f"the MoE experts/parallel types are not importable ({exc})") from exc
-
-
 def check_entry(entry: Any, kit: Any, checks: Checks, distributed: bool = False) -> None:
     built = build_under(entry, kit, checks, CONFIGS)
     if not built:
@@ -154,8 +146,7 @@ def check_entry(entry: Any, kit: Any, checks: Checks, distributed: bool = False)
         return f"capacity {capacity}, fallback '{fallback}'"
 
     def single_rank() -> str:
-        _plugin_available()
-        from ascend_kernel_plugins.moe_comm.parallel import MoEParallel
+        from ascend_kernel.ops.moe_parallel import MoEParallel
 
         experts = local_experts(None, 0)
         capacity = getattr(method, "capacity", None)
@@ -185,7 +176,6 @@ def _free_port() -> int:
 
 
 def two_ranks(method: Any) -> str:
-    _plugin_available()
     try:
         payload = pickle.dumps(method)
     except Exception as exc:
@@ -226,7 +216,7 @@ def two_ranks(method: Any) -> str:
 
 def _rank_main(rank: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
-    from ascend_kernel_plugins.moe_comm.parallel import MoEParallel
+    from ascend_kernel.ops.moe_parallel import MoEParallel
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=timedelta(seconds=RANK_TIMEOUT_S))

@@ -190,7 +190,7 @@ def run_conformance(plugins: Sequence[str] | None = None, *, families: Sequence[
 def _settings_results(manager: KernelPluginManager, wanted: list[str]) -> list[CheckResult]:
     """The settings contract of each wanted plugin that declares settings (:mod:`~.settings`)."""
     from ascend_kernel.conformance.settings import check_settings
-    from ascend_kernel.plugin_manager import declared_settings
+    from ascend_kernel.entry_points import declared_settings
 
     installed = declared_settings()
     results = []

@@ -42,6 +42,14 @@ def config_of(config_cls: Any, vocab_size: int, base: dict[str, Any], **fields: 
 
 
 @dataclass(frozen=True)
+class Vision:
+    """What a vision-language recipe adds to the text build: its tokens and template, its processor files."""
+
+    prepare_tokenizer: Callable[[Any], None]
+    save_processor: Callable[[Path, Any], None]
+
+
+@dataclass(frozen=True)
 class Recipe:
     """How one architecture is written: its config, and what its checkpoint needs beyond transformers' model.
 
@@ -49,13 +57,14 @@ class Recipe:
     but vLLM loads (an MTP layer, a sparse-attention indexer), appended to the
     checkpoint; ``rewrite(path, config, seed, dtype)`` turns the saved
     checkpoint into another layout (a draft head). ``encoder`` models are saved
-    as bare encoders, without an LM head.
+    as bare encoders, without an LM head; ``vision`` models are image-text models.
     """
 
     config: Callable[[int], Any]
     extra_weights: Callable[[Any, int], dict[str, Any]] | None = None
     rewrite: Callable[[Path, Any, int, Any], None] | None = None
     encoder: bool = False
+    vision: Vision | None = None
 
 
 def seeded_normal(seed: int) -> Callable[..., Any]:

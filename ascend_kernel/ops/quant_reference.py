@@ -24,6 +24,7 @@ from ascend_kernel.ops.quant_ops import (
     grouped_quant_matmul_fake,
     quant_matmul_fake,
     quantize_fake,
+    unpack_int4_rows,
     unpack_scale,
 )
 
@@ -85,10 +86,14 @@ class ReferenceQuantOps:
                 start = end
         return out
 
-    def int4_experts(self, values: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
-        """int4 expert weights for :meth:`grouped_quant_matmul`: the values [E, K, N] as int8, as they are.
+    def int4_experts(self, packed: torch.Tensor, scale: torch.Tensor, scale_bias: torch.Tensor | None,
+                     bias_share: tuple[int, int] = (0, 1)) -> tuple[torch.Tensor, torch.Tensor, None]:
+        """msModelSlim's packed int4 experts ``[E, N/2, K]`` as :meth:`grouped_quant_matmul` takes them here.
 
-        The integer products of int4 values are exact here as int8 ones are,
-        so int4 experts run the int8 definition and need no correction bias.
+        The values, unpacked to int8 ``[E, K, N]``: integer products of int4
+        values are exact here as int8 ones are, so int4 experts run the int8
+        definition and need neither the device's layout nor its correction
+        bias (``scale_bias`` and ``bias_share`` are read by the NPU provider).
         """
+        values = unpack_int4_rows(packed).transpose(1, 2)
         return values.to(torch.int8).contiguous(), scale.to(torch.float32).contiguous(), None

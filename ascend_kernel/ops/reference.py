@@ -18,6 +18,7 @@ from ascend_kernel.ops.graph_ops import (
 from ascend_kernel.ops.fused_reference import ReferenceFusedOps
 from ascend_kernel.ops.lora_reference import ReferenceLoRAOps
 from ascend_kernel.ops.mc2_reference import ReferenceMC2Ops
+from ascend_kernel.ops.mm_reference import ReferenceMMOps
 from ascend_kernel.ops.moe_reference import ReferenceMoEOps
 from ascend_kernel.ops.opaque import seam_op
 from ascend_kernel.ops.quant_reference import ReferenceQuantOps
@@ -46,7 +47,8 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torc
     return cache[blocks].reshape(-1, *cache.shape[2:])[:length]
 
 
-class ReferenceOps(ReferenceMoEOps, ReferenceMC2Ops, ReferenceQuantOps, ReferenceLoRAOps, ReferenceFusedOps):
+class ReferenceOps(ReferenceMoEOps, ReferenceMC2Ops, ReferenceQuantOps, ReferenceLoRAOps, ReferenceFusedOps,
+                   ReferenceMMOps):
     name = "reference"
 
     @seam_op("reshape_and_cache", RESHAPE_AND_CACHE_SCHEMA, no_result)
@@ -268,7 +270,8 @@ class ReferenceOps(ReferenceMoEOps, ReferenceMC2Ops, ReferenceQuantOps, Referenc
             new = torch.cat((ra, rb), dim=-1) if is_neox_style else torch.stack((ra, rb), dim=-1).flatten(-2)
             view[..., : cos.shape[-1] * 2] = new.to(x.dtype)
 
-    def top_k_top_p(self, logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
+    @staticmethod  # the NPU provider runs it for rows its op cannot serve
+    def top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
         """Mask (to -inf) what vLLM's top-k/top-p filter drops; the kept entries keep their value.
 
         Per row, ``k`` (None, or ``k <= 0`` / ``k >= vocab``: no top-k) keeps

@@ -22,7 +22,7 @@ class KernelPlatformMixin:
 
     @classmethod
     def kernel_check_and_update_config(cls, vllm_config: Any, base: Callable[[Any], None]) -> None:
-        wire_into_vllm()  # the kernel's log records (and readable errors) through vLLM's logging
+        logging_change = wire_into_vllm()  # the kernel's log records (and readable errors) through vLLM's logging
         parallel = vllm_config.parallel_config
         requested = SimpleNamespace(scheduler_config=copy.copy(vllm_config.scheduler_config),
                                     cache_config=copy.copy(vllm_config.cache_config))
@@ -32,7 +32,7 @@ class KernelPlatformMixin:
             worker = change(vllm_config, "parallel_config.worker_cls", cls.kernel_worker_cls,
                             "the kernel's worker builds the kernel's runner")
         kernel = kernel_mod.activate(vllm_config, configure=True, requested=requested)
-        kernel_mod.record_changes(vllm_config, [worker])
+        kernel_mod.record_changes(vllm_config, [worker, logging_change])
         kernel.resolve(vllm_config)
 
     @classmethod

@@ -26,7 +26,7 @@ class KernelCpuPlatform(KernelPlatformMixin, CpuPlatform):
     @classmethod
     def get_device_communicator_cls(cls) -> str:
         """vLLM-CPU's communicator plus the variable-size gather/scatter that DP + EP MoE needs."""
-        return "ascend_kernel.platform.cpu_communicator.KernelCpuCommunicator"
+        return "ascend_kernel.ops.cpu_communicator.KernelCpuCommunicator"
 
     @classmethod
     def check_and_update_config(cls, vllm_config: Any) -> None:

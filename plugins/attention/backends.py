@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable
 
-from ascend_kernel_plugins.kv_cache.mla import is_sparse_model
+from ascend_kernel_plugins.kv_cache import is_sparse_model
 
 
 class VllmNativeBackendProvider:

@@ -8,23 +8,12 @@ publishes it. The rules are the Ascend runner's, in the same order.
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
-from ascend_kernel.step import StepBatch
+from ascend_kernel.step import AttentionState, StepBatch
 
-class AttentionState(enum.Enum):
-    PrefillNoCache = 0
-    PrefillCacheHit = 1
-    DecodeOnly = 2
-    ChunkedPrefill = 3
-    SpecDecoding = 4
-
-    @property
-    def is_prefill(self) -> bool:
-        """True when the batch carries prompt tokens (MoE comm avoids MC2-only paths then)."""
-        return self in (AttentionState.PrefillNoCache, AttentionState.PrefillCacheHit,
-                        AttentionState.ChunkedPrefill)
+#: the state enum is the core's contract type (:mod:`ascend_kernel.step`), named here for the family's users
+__all__ = ["AttentionState", "StandardStatePolicy"]
 
 
 class StandardStatePolicy:

@@ -24,9 +24,11 @@ class EplbSettings(BaseModel):
         2, ge=1, description="The swap-limited policy's most expert swaps per layer and rearrangement.")
     eplb_record_path: str = Field(
         "", description="Write the expert map (physical -> logical per layer, JSON) here at start and after "
-        "every rearrangement (rank 0).")
+        "every rearrangement (rank 0).",
+        json_schema_extra={"allowed": "a file path (its folder is created; empty: no recording)"})
     eplb_replay_path: str = Field(
-        "", description="Start from the expert map recorded in this file and keep it (no rearrangement).")
+        "", description="Start from the expert map recorded in this file and keep it (no rearrangement).",
+        json_schema_extra={"allowed": "the path of a map eplb_record_path wrote for this model (empty: no replay)"})
 
     @field_validator("eplb_config", mode="before")
     @classmethod

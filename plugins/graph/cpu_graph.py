@@ -144,7 +144,7 @@ def cpu_graph_supported(ctx: Any) -> str | None:
 
 def _cpu_attention(ctx: Any) -> str:
     """The attention backend a CPU host will run (sparse models get the Ascend one unforced)."""
-    from ascend_kernel_plugins.attention.backends import cpu_backend_choice
+    from ascend_kernel_plugins.attention import cpu_backend_choice
 
     return cpu_backend_choice(ctx.settings.attention_backend, ctx.vllm_config)
 

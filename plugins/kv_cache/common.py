@@ -2,11 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import torch
 
 from ascend_kernel.errors import KVCacheAllocationError
+from ascend_kernel.registry import Implementation
+
+#: ``(ctx) -> reason | None``: why a layout passes over this engine (None: it serves it)
+Reason = Callable[[Any], "str | None"]
+
+
+def _first_reason(serves: Reason | None, refuses: Reason | None, ctx: Any) -> str | None:
+    reason = serves(ctx) if serves is not None else None
+    return reason if reason is not None or refuses is None else refuses(ctx)
+
+
+def layout_entry(name: str, factory: Any, priority: int, description: str, serves: Reason | None = None,
+                 refuses: Reason | None = None) -> list[Implementation]:
+    """What every layout plugin's ``ascend_kernel_kv_cache_layouts`` returns: one ``kv_cache`` entry.
+
+    ``serves(ctx)`` says why the model's KV specs are not the layout's kind
+    (:func:`handles_spec`, :func:`handles_kv_attention`); ``refuses(ctx)``, asked
+    only when they are, why the layout still passes over them (another layout of
+    the same kind serves this config). A partial of a module-level function, so
+    the entry stays picklable.
+    """
+    return [Implementation(family="kv_cache", name=name, factory=factory, priority=priority, description=description,
+                           supports=functools.partial(_first_reason, serves, refuses))]
 
 
 def pd_alignment(vllm_config: Any, settings: Any) -> int:

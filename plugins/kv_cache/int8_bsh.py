@@ -33,7 +33,7 @@ import torch
 from ascend_kernel.errors import KVCacheAllocationError
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
-from ascend_kernel_plugins.kv_cache.common import PageViewLayout, handles_kv_attention
+from ascend_kernel_plugins.kv_cache.common import PageViewLayout, handles_kv_attention, layout_entry
 
 INT8_KV_CACHE_DTYPE = "int8_per_token_head"
 _SCALE_BYTES = 4  # float32
@@ -110,23 +110,14 @@ class Int8BSHLayout(PageViewLayout):
             )
 
 
-def _supports(ctx: Any) -> str | None:
-    reason = handles_kv_attention(ctx)
-    if reason is None and not uses_int8_bsh(ctx.vllm_config):
-        cache = getattr(ctx.vllm_config, "cache_config", None)
-        return f"kv_cache_dtype is {getattr(cache, 'cache_dtype', None)!r}, not {INT8_KV_CACHE_DTYPE!r}"
-    return reason
+def _not_int8(ctx: Any) -> str | None:
+    if uses_int8_bsh(ctx.vllm_config):
+        return None
+    cache = getattr(ctx.vllm_config, "cache_config", None)
+    return f"kv_cache_dtype is {getattr(cache, 'cache_dtype', None)!r}, not {INT8_KV_CACHE_DTYPE!r}"
 
 
 @hookimpl
 def ascend_kernel_kv_cache_layouts() -> list[Implementation]:
-    return [
-        Implementation(
-            family="kv_cache",
-            name="int8-bsh",
-            factory=Int8BSHLayout,
-            supports=_supports,
-            priority=20,
-            description="int8 per-token-head K/V in BSH pages with float32 scales (kv_cache_dtype=int8_per_token_head)",
-        )
-    ]
+    return layout_entry("int8-bsh", Int8BSHLayout, 20, "int8 per-token-head K/V in BSH pages with float32 scales "
+                        "(kv_cache_dtype=int8_per_token_head)", handles_kv_attention, _not_int8)

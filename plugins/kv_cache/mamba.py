@@ -17,7 +17,7 @@ import torch
 from ascend_kernel.errors import KVCacheAllocationError
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
-from ascend_kernel_plugins.kv_cache.common import PageViewLayout, handles_spec
+from ascend_kernel_plugins.kv_cache.common import PageViewLayout, handles_spec, layout_entry
 
 
 def _state_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
@@ -87,15 +87,11 @@ def ascend_kernel_configure(settings: Any, vllm_config: Any, device: Any):
     return None
 
 
+def _mamba_spec(ctx: Any) -> str | None:
+    return handles_spec(ctx, "MambaSpec")
+
+
 @hookimpl
 def ascend_kernel_kv_cache_layouts() -> list[Implementation]:
-    return [
-        Implementation(
-            family="kv_cache",
-            name="mamba",
-            factory=MambaLayout,
-            supports=lambda ctx: handles_spec(ctx, "MambaSpec"),
-            priority=20,
-            description="Mamba conv/SSM states packed per block; strided per-state views",
-        )
-    ]
+    return layout_entry("mamba", MambaLayout, 20, "Mamba conv/SSM states packed per block; strided per-state views",
+                        _mamba_spec)

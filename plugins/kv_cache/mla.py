@@ -16,7 +16,7 @@ import torch
 from ascend_kernel.errors import KVCacheAllocationError
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
-from ascend_kernel_plugins.kv_cache.common import PageViewLayout, handles_spec, split_last_dim
+from ascend_kernel_plugins.kv_cache.common import PageViewLayout, handles_spec, layout_entry, split_last_dim
 
 
 def latent_dims(vllm_config: Any) -> tuple[int, int]:
@@ -50,22 +50,16 @@ class MLALayout(PageViewLayout):
         return split_last_dim(view, self.kv_lora_rank)
 
 
-def _supports(ctx: Any) -> str | None:
-    reason = handles_spec(ctx, "MLAAttentionSpec")
-    if reason is None and is_sparse_model(ctx.vllm_config):
-        return "sparse-attention (SFA) model: its caches include the indexer's"
-    return reason
+def mla_spec(ctx: Any) -> str | None:
+    return handles_spec(ctx, "MLAAttentionSpec")
+
+
+def _sparse(ctx: Any) -> str | None:
+    return "sparse-attention (SFA) model: its caches include the indexer's" if is_sparse_model(ctx.vllm_config) \
+        else None
 
 
 @hookimpl
 def ascend_kernel_kv_cache_layouts() -> list[Implementation]:
-    return [
-        Implementation(
-            family="kv_cache",
-            name="mla",
-            factory=MLALayout,
-            supports=_supports,
-            priority=20,
-            description="MLA latent cache as nope (kv_lora_rank) + rope (qk_rope_head_dim) views",
-        )
-    ]
+    return layout_entry("mla", MLALayout, 20, "MLA latent cache as nope (kv_lora_rank) + rope (qk_rope_head_dim) views",
+                        mla_spec, _sparse)

@@ -18,8 +18,8 @@ from typing import Any
 from ascend_kernel.errors import KVCacheAllocationError
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
-from ascend_kernel_plugins.kv_cache.common import handles_spec
-from ascend_kernel_plugins.kv_cache.mla import MLALayout, is_sparse_model
+from ascend_kernel_plugins.kv_cache.common import layout_entry
+from ascend_kernel_plugins.kv_cache.mla import MLALayout, is_sparse_model, mla_spec
 
 
 #: vLLM's DeepSeek-V3.2 indexer caches keys as fp8 with one float32 scale per 128 values
@@ -53,22 +53,11 @@ class SFALayout(MLALayout):
             )
 
 
-def _supports(ctx: Any) -> str | None:
-    reason = handles_spec(ctx, "MLAAttentionSpec")
-    if reason is None and not is_sparse_model(ctx.vllm_config):
-        return "not a sparse-attention model (no index_topk in the model config)"
-    return reason
+def _dense(ctx: Any) -> str | None:
+    return None if is_sparse_model(ctx.vllm_config) else "not a sparse-attention model (no index_topk in the model config)"
 
 
 @hookimpl
 def ascend_kernel_kv_cache_layouts() -> list[Implementation]:
-    return [
-        Implementation(
-            family="kv_cache",
-            name="sfa",
-            factory=SFALayout,
-            supports=_supports,
-            priority=30,
-            description="SFA: MLA nope/rope caches + indexer key cache (index_head_dim from the config)",
-        )
-    ]
+    return layout_entry("sfa", SFALayout, 30, "SFA: MLA nope/rope caches + indexer key cache (index_head_dim from the "
+                        "config)", mla_spec, _dense)

@@ -19,7 +19,7 @@ import torch
 from ascend_kernel.device import Device
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
-from ascend_kernel_plugins.kv_cache.common import PageViewLayout, handles_kv_attention, split_kv
+from ascend_kernel_plugins.kv_cache.common import PageViewLayout, handles_kv_attention, layout_entry, split_kv
 from ascend_kernel_plugins.kv_cache.int8_bsh import INT8_KV_CACHE_DTYPE, uses_int8_bsh
 from ascend_kernel_plugins.kv_cache.settings import KVCacheSettings
 
@@ -51,22 +51,14 @@ class StandardKVLayout(PageViewLayout):
         return split_kv(view, head_size)
 
 
-def _supports(ctx: Any) -> str | None:
-    reason = handles_kv_attention(ctx)
-    if reason is None and uses_int8_bsh(ctx.vllm_config):
+def _int8_pages(ctx: Any) -> str | None:
+    if uses_int8_bsh(ctx.vllm_config):
         return f"{INT8_KV_CACHE_DTYPE} caches are int8 BSH pages (layout int8-bsh)"
-    return reason
+    return None
 
 
 @hookimpl
 def ascend_kernel_kv_cache_layouts() -> list[Implementation]:
-    return [
-        Implementation(
-            family="kv_cache",
-            name="standard",
-            factory=StandardKVLayout,
-            supports=_supports,
-            priority=10,
-            description="full-attention K/V pages, split per layer; 2 MiB-aligned with PD transfer",
-        )
-    ]
+    return layout_entry("standard", StandardKVLayout, 10,
+                        "full-attention K/V pages, split per layer; 2 MiB-aligned with PD transfer",
+                        handles_kv_attention, _int8_pages)

@@ -13,7 +13,7 @@ import torch
 
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
-from ascend_kernel_plugins.kv_cache.common import PageViewLayout
+from ascend_kernel_plugins.kv_cache.common import PageViewLayout, layout_entry
 
 
 class VllmViewsLayout(PageViewLayout):
@@ -26,12 +26,5 @@ class VllmViewsLayout(PageViewLayout):
 
 @hookimpl
 def ascend_kernel_kv_cache_layouts() -> list[Implementation]:
-    return [
-        Implementation(
-            family="kv_cache",
-            name="vllm-views",
-            factory=VllmViewsLayout,
-            priority=-100,
-            description="vLLM's own page views, for spec kinds without a dedicated layout",
-        )
-    ]
+    return layout_entry("vllm-views", VllmViewsLayout, -100,
+                        "vLLM's own page views, for spec kinds without a dedicated layout")

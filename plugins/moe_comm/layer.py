@@ -44,10 +44,10 @@ from ascend_kernel.oot_ops import register_oot
 from ascend_kernel.ops import get_ops
 from ascend_kernel.ops.opaque import define_op_once
 from ascend_kernel.runner.kernel_runner import current_trace
-from ascend_kernel_plugins.moe_comm.eplb_map import to_physical
-from ascend_kernel_plugins.moe_comm.experts import LocalExperts, gather_expert_maps, slot_table
+from ascend_kernel_plugins.moe_comm.eplb_map import TokenHashes, to_physical
+from ascend_kernel.ops.moe_experts import LocalExperts, gather_expert_maps, slot_table
 from ascend_kernel_plugins.moe_comm.methods.base import run_method
-from ascend_kernel_plugins.moe_comm.parallel import MoEParallel
+from ascend_kernel.ops.moe_parallel import MoEParallel
 
 logger = logging.getLogger("ascend_kernel")
 REPLACED = "UnquantizedFusedMoEMethod"
@@ -132,6 +132,7 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         if self.local_experts is None:
             raise RuntimeError(f"MoE layer {getattr(self, 'layer_name', '?')} keeps vLLM's kernel and cannot join EPLB")
         self.eplb = layer_state
+        self.token_hashes = TokenHashes()  # this layer's table of token hashes (eplb_map.py)
 
     def apply(self, layer: Any, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
               shared_experts: Any, shared_experts_input: torch.Tensor | None) -> torch.Tensor:
@@ -161,7 +162,7 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
             raise RuntimeError("no MoE comm method was published for this forward pass: the ascend-kernel runner "
                                "must drive models whose MoE layers the moe_comm plugin replaced")
         if self.eplb is not None:  # logical -> physical (replicas included), the load recorded
-            topk_ids = to_physical(topk_ids, self.eplb)
+            topk_ids = to_physical(topk_ids, self.eplb, self.token_hashes)
         out, computed = run_method(method, x, topk_weights, topk_ids, self.local_experts, self.parallel)
         trace = current_trace()
         if trace is not None:

@@ -141,7 +141,6 @@ class AscendMoECommPolicy:
         """The rules alone (no methods table): what :meth:`decide` answers."""
         cfg = ctx.vllm_config
         hf = cfg.model_config.hf_config if cfg.model_config is not None else None
-        pass_config = cfg.compilation_config.pass_config
         expert_parallel = bool(cfg.parallel_config.enable_expert_parallel)
         refuse_unsupported_soc(ctx.device.soc, expert_parallel, is_moe_model(cfg))
         return cls(
@@ -153,7 +152,8 @@ class AscendMoECommPolicy:
             min_mc2_world=ctx.settings.mc2_min_world_size,
             w4a8=W4A8_DYNAMIC in (getattr(hf, "moe_quantize", None), getattr(getattr(cfg, "quant_config", None), "moe_quantize", None)),
             allgather_only=getattr(hf, "model_type", None) == "PanguProMoE",
-            sequence_parallel=bool(getattr(pass_config, "enable_sp", False)),
+            # the TP-communication state (vllm-ascend's enable_flashcomm1); vLLM 0.32's PassConfig has no enable_sp
+            sequence_parallel=bool(getattr(ctx.settings, "sequence_parallel", False)),
         )
 
     def decide(self, num_tokens: int, with_prefill: bool) -> str | None:

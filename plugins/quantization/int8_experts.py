@@ -13,11 +13,11 @@ experts unchanged. The checkpoint stores per expert ``gate_proj``/``up_proj``/
 ([N, 1]); vLLM's expert loader places them as ``w13_*``/``w2_*`` of the layer.
 W4A8_DYNAMIC experts store the int4 values packed two to a byte along the
 output rows (so the loader's row shards stay whole pairs) and a
-``scale_bias``; they are unpacked once at load and handed to the provider's
-``int4_experts``, which keeps them as int8 values (reference) or packs them
-for the device's int4 grouped matmul with the correction bias it needs
-(recomputed from the weights, which also makes it right for any
-tensor-parallel slice; the stored ``scale_bias`` is loaded and not used).
+``scale_bias``; the provider's ``int4_experts`` turns them into its operands
+once at load: the reference unpacks them to int8 values (exact int4 products,
+no correction needed); the NPU provider keeps the packed bytes, views them
+as int32 in FRACTAL_NZ and passes ``scale_bias`` as the int4 kernel's
+correction bias, as vllm-ascend's W4A8_DYNAMIC MoE method does.
 """
 
 from __future__ import annotations
@@ -30,11 +30,10 @@ import torch
 from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightScaleSupported
 from vllm.model_executor.utils import set_weight_attrs
 
-from ascend_kernel.ops.quant_ops import unpack_int4_rows
+from ascend_kernel.ops.moe_experts import LocalExperts
+from ascend_kernel_plugins.moe_comm import AscendUnquantizedFusedMoEMethod, unserved_reason
 from ascend_kernel_plugins.quantization.description import QuantizationError
 from ascend_kernel_plugins.quantization.int8_linear import ACL_FORMAT_FRACTAL_NZ
-from ascend_kernel_plugins.moe_comm.experts import LocalExperts
-from ascend_kernel_plugins.moe_comm.layer import AscendUnquantizedFusedMoEMethod, unserved_reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +122,8 @@ class AscendInt4FusedMoEMethod(AscendInt8FusedMoEMethod):
                        **extra_weight_attrs: Any) -> None:
         super().create_weights(layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype,
                                **extra_weight_attrs)
-        # accepted so the checkpoint loads (vLLM's loader needs a parameter for every tensor; it loads these as
-        # expert biases: gate/up [N, 1] by row shard, down [H, 16] whole), never read
+        # vLLM's loader loads these as expert biases: gate/up [N, 1] by row shard, down [H, 16] whole (this rank's
+        # column groups are picked in int4_experts); read by the NPU provider, unused by the reference
         for stem, shape in (("w13", (2 * intermediate_size_per_partition, 1)), ("w2", (hidden_size, 16))):
             param = torch.nn.Parameter(torch.zeros(num_experts, *shape, dtype=torch.float32), requires_grad=False)
             layer.register_parameter(f"{stem}_scale_bias", param)
@@ -132,9 +131,10 @@ class AscendInt4FusedMoEMethod(AscendInt8FusedMoEMethod):
 
     def expert_weights(self, layer: Any) -> dict[str, torch.Tensor | None]:
         operands: dict[str, torch.Tensor | None] = {}
+        share = (self.moe.tp_rank, self.moe.tp_size)  # which of down_proj's scale_bias column groups are this rank's
         for stem in ("w13", "w2"):
-            values = unpack_int4_rows(getattr(layer, f"{stem}_weight").data)  # [local, N, K]
-            scale = getattr(layer, f"{stem}_weight_scale").data.squeeze(-1)
-            weight, scale, bias = self.seam_ops.int4_experts(values.transpose(1, 2).contiguous(), scale)
+            weight, scale, bias = self.seam_ops.int4_experts(
+                getattr(layer, f"{stem}_weight").data, getattr(layer, f"{stem}_weight_scale").data.squeeze(-1),
+                getattr(layer, f"{stem}_scale_bias").data, share)
             operands.update({stem: weight, f"{stem}_scale": scale, f"{stem}_bias": bias})
         return operands

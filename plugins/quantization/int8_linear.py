@@ -101,7 +101,8 @@ class SeamInt8Executor:
         self.static = weights.input_scale is not None
         if self.static:
             self.inv_scale = (1.0 / weights.input_scale.to(torch.float32)).reshape(1)
-            zero = weights.zero_point if weights.zero_point is not None else torch.zeros(1)
+            zero = weights.zero_point if weights.zero_point is not None else torch.zeros(
+                1, device=weights.input_scale.device)  # symmetric: on the weights' device, as every operand
             self.offset = zero.to(torch.float32).reshape(1)
             self.scale = (weights.deq_scale if weights.deq_scale is not None
                           else weights.input_scale.to(torch.float32) * weights.weight_scale).contiguous()
@@ -259,13 +260,19 @@ def layer_prefix(layer: torch.nn.Module) -> str:
 
 
 def full_row_sums(layer: torch.nn.Module, weight: torch.Tensor) -> torch.Tensor:
-    """``sum_k weight[n, k]`` over the whole input dimension: a row-parallel layer's shards are summed over TP."""
+    """``sum_k weight[n, k]`` over the whole input dimension: a row-parallel layer's shards are summed over TP.
+
+    The sum runs once at load over the TP group's gloo ``cpu_group``, which
+    takes host tensors only: on a device the sums go to the host and back.
+    """
     sums = weight.to(torch.int64).sum(dim=1)
     if isinstance(layer, RowParallelLinear) and getattr(layer, "tp_size", 1) > 1:
         import torch.distributed as dist
         from vllm.distributed import get_tp_group
 
-        dist.all_reduce(sums, group=get_tp_group().cpu_group)
+        on_host = sums.cpu()
+        dist.all_reduce(on_host, group=get_tp_group().cpu_group)
+        sums = on_host.to(weight.device)
     return sums
 
 

@@ -97,13 +97,26 @@ class SleepController:
                              "(level 0 only pauses the scheduler, in the engine core)")
         self._check_supported()
         self._register()
+        self.pools.reserved = None  # measured afresh over this sleep's releases
         freed = self.pools.discard("kv_cache")
         if level == 2:
             freed += self.pools.discard("weights")
         elif not self._weights_stay_on_host:
             freed += self.pools.offload("weights")
         self.level = level
-        logger.info("ascend-kernel: sleep level %d freed %.1f MiB (%s)", level, freed / 2**20, self.pools.describe())
+        logger.info("ascend-kernel: sleep level %d freed %.1f MiB of tensor storage (%s)%s", level, freed / 2**20,
+                    self.pools.describe(), self._reserved_note(freed))
+
+    def _reserved_note(self, freed: int) -> str:
+        """What the device allocator says it gave back (a device provider measures it; a host has no such count)."""
+        if self.pools.reserved is None:
+            return ""
+        before, after = self.pools.reserved
+        note = f"; the device allocator's reserved memory went {before / 2**20:.1f} -> {after / 2**20:.1f} MiB"
+        if freed and after >= before:
+            logger.warning("ascend-kernel: sleep freed %.1f MiB of tensors but the device allocator still reserves "
+                           "%.1f MiB: the memory did not go back to the device", freed / 2**20, after / 2**20)
+        return note
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         for tag in (self.pools.tags() if tags is None else tags):
@@ -112,6 +125,8 @@ class SleepController:
             self.level = None
 
     def discard(self, tags: tuple[str, ...]) -> None:
+        """vLLM's ``release_kv_cache_memory`` and the like: refused as a sleep is, before anything is freed."""
+        self._check_supported()
         self._register()
         for tag in tags:
             self.pools.discard(tag)

@@ -7,8 +7,12 @@ across a sleep so captured graphs stay valid. This project ships no compiled
 extension, so this provider frees at the storage level instead, through
 documented torch APIs only: ``UntypedStorage.resize_`` (how FSDP frees
 sharded parameters on an accelerator), pinned host buffers for offloaded
-copies, the device seam's ``synchronize`` and ``torch.accelerator.empty_cache``
-to hand freed blocks from the caching allocator back to the device.
+copies, the device seam's ``synchronize`` and ``empty_cache`` (torch_npu's
+``torch.npu.empty_cache``: ``torch.accelerator.empty_cache`` reaches the NPU's
+caching allocator only if torch_npu registered it with torch's accelerator
+API, so the device's own call is used) to hand freed blocks back to the
+device. Whether they went back is measured: the allocator's reserved bytes
+before and after, which the controller logs beside the bytes it freed.
 
 Consequence, checked by the controller: storage addresses change across a
 sleep, so a graph mode that captured device addresses cannot be kept; sleep
@@ -38,4 +42,5 @@ class NpuTaggedPools(TaggedPools):
         self._device.synchronize()
 
     def _release(self) -> None:
-        torch.accelerator.empty_cache()
+        before, after = self._device.empty_cache()
+        self.reserved = (self.reserved[0] if self.reserved else before, after)  # since the controller reset it

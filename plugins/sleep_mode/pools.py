@@ -67,6 +67,8 @@ class TaggedPools:
 
     def __init__(self) -> None:
         self._pools: dict[str, _Pool] = {}
+        #: the device allocator's reserved bytes (before, after) the last release, where a provider measures them
+        self.reserved: tuple[int, int] | None = None
 
     # -- registration ------------------------------------------------------------
 

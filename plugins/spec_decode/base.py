@@ -9,7 +9,7 @@ A drafter owns three decisions the Ascend runner used to make with
   classes as the base, as Ascend's do;
 * **the attention state of the target's batches** while it speculates
   (``single_token_state``, ``verify_state``: names of
-  :class:`ascend_kernel_plugins.attention.states.AttentionState`), read by the
+  :class:`ascend_kernel.step.AttentionState`), read by the
   attention-state policy, so that no attention code knows drafter methods;
 * **its KV-cache needs** (``kv_cache``): none for model-free drafters, its own
   layers' caches (allocated by the kernel's layouts like the target's) for

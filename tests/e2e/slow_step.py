@@ -59,8 +59,7 @@ def ascend_kernel_samplers() -> list[Implementation]:
 
 def install(folder: Path) -> Path:
     """Make this module an installed plugin for processes with ``folder`` on their ``PYTHONPATH``."""
-    info = folder / "ak_slow_step_test-1.0.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ak-slow-step-test\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[ascend_kernel.plugins]\n{NAME} = tests.e2e.slow_step\n")
+    from tests.fake_plugins import write_dist_info  # the test process only (it imports pytest)
+
+    write_dist_info(folder, "ak-slow-step-test", {NAME: "tests.e2e.slow_step"})
     return folder

@@ -34,12 +34,6 @@ def check(model, run, state: str) -> dict:
     return states
 
 
-def test_prefill_then_decode(tiny_llama):
-    run = generate(tiny_llama, env=ASCEND, max_tokens=MAX_TOKENS)
-    states = check(tiny_llama, run, "PrefillNoCache")
-    assert states == {"PrefillNoCache": 1, "DecodeOnly": MAX_TOKENS - 1}
-
-
 def test_chunked_prefill_and_mixed_batches(tiny_llama):
     prompts = [LONG + "and then", "Once upon a time", LONG + "while the cat", "Hello world! How are you today?"]
     run = generate(tiny_llama, "--engine-arg", "max_num_seqs=2", "--engine-arg", "max_num_batched_tokens=16",
@@ -70,15 +64,6 @@ def tiny_deepseek(tmp_path_factory):
     from ascend_kernel.models import create_tiny_model
 
     return create_tiny_model("deepseek_v2", tmp_path_factory.mktemp("dsv2") / "deepseek_v2")
-
-
-def test_mla_backend_prefill_and_decode(tiny_deepseek):
-    run = generate(tiny_deepseek, env=ASCEND, max_tokens=MAX_TOKENS)
-    states = check(tiny_deepseek, run, "DecodeOnly")
-    assert states == {"PrefillNoCache": 1, "DecodeOnly": MAX_TOKENS - 1}
-    changes = {c["path"] for c in run["report"]["config_changes"]}
-    assert "attention_config.backend" not in changes  # CPU_MLA is only picked for vllm-native
-    assert "compilation_config.custom_ops" in changes
 
 
 def test_mla_backend_ngram_spec_decoding(tiny_deepseek):
@@ -126,20 +111,30 @@ def test_mla_chunked_prefill_lifted_for_the_ascend_backend(tiny_deepseek):
         assert changes["scheduler_config.enable_chunked_prefill"]["new"] == "True"
 
 
-def test_mla_prefix_cache_hit_on_the_ascend_backend(tiny_deepseek):
+def test_mla_prefill_decode_and_prefix_cache_hit_on_the_ascend_backend(tiny_deepseek):
+    """One sequence at a time: a fresh prefill and its decode steps, then a prefill over the cached prefix and its
+    decode steps (the plain MLA prefill-then-decode scenario rides on this engine, suite time)."""
     prompts = [LONG + "and then", LONG + "while the cat"]
     run = generate(tiny_deepseek, "--engine-arg", "max_num_seqs=1", "--engine-arg", "enable_chunked_prefill=false",
                    "--engine-arg", "enable_prefix_caching=true", "--engine-arg", "block_size=16",
                    env=ASCEND, max_tokens=MAX_TOKENS, prompts=prompts)
-    check(tiny_deepseek, run, "PrefillCacheHit")
+    states = check(tiny_deepseek, run, "PrefillCacheHit")
+    assert states == {"PrefillNoCache": 1, "PrefillCacheHit": 1, "DecodeOnly": 2 * (MAX_TOKENS - 1)}
+    changes = {c["path"] for c in run["report"]["config_changes"]}
+    assert "attention_config.backend" not in changes  # CPU_MLA is only picked for vllm-native
+    assert "compilation_config.custom_ops" in changes
 
 
-def test_layer_ops_on_the_seam_too(tiny_llama):
-    """Norms and rotary embeddings through the seam as well: every Llama kernel is an Ascend one."""
+def test_prefill_then_decode_with_layer_ops_on_the_seam_too(tiny_llama):
+    """Norms and rotary embeddings through the seam as well: every Llama kernel is an Ascend one.
+
+    Also the plain prefill-then-decode scenario (one engine for both, suite time): one prefill step of the three
+    prompts, then one decode step per remaining token."""
     env = clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_ATTENTION_BACKEND="ascend",
                     ASCEND_KERNEL_LAYER_OPS="ascend")
     run = generate(tiny_llama, env=env, max_tokens=MAX_TOKENS)
-    check(tiny_llama, run, "DecodeOnly")
+    states = check(tiny_llama, run, "PrefillNoCache")
+    assert states == {"PrefillNoCache": 1, "DecodeOnly": MAX_TOKENS - 1}
     layer_ops = run["report"]["layer_ops"]
     assert layer_ops["replaced"] == ["RMSNorm", "RotaryEmbedding"]
     # 2 decoder layers x 2 norms + the final norm; one rotary embedding shared by the layers

@@ -100,8 +100,11 @@ def test_mtp_layer_drafts_on_mla(draft_models, backend):
     assert kv == {"MLAAttentionSpec": "mla"}
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
-@pytest.mark.parametrize("backend", ["vllm-native", "ascend"])
+#: EAGLE-3 on vLLM's CPU attention runs under cpu-graph ``piecewise`` below, the same checks (suite time)
+EAGLE_SCENARIOS = [("vllm-native", "eagle"), ("ascend", "eagle"), ("ascend", "eagle3")]
+
+
+@pytest.mark.parametrize(("backend", "method"), EAGLE_SCENARIOS)
 def test_eagle_head_drafts_and_verifies_as_chunked_prefill(tiny_llama, oracle, draft_models, backend, method):
     """EAGLE-1 (embedding + last hidden state) and EAGLE-3 (hidden states of several target layers) heads."""
     env = clean_env(ASCEND_KERNEL_DEVICE="cpu", **(ASCEND if backend == "ascend" else {}))
@@ -115,10 +118,15 @@ def test_eagle_head_drafts_and_verifies_as_chunked_prefill(tiny_llama, oracle, d
 @pytest.mark.parametrize("capture_mode", ["piecewise", "full_decode_only"])
 def test_eagle3_head_under_graph_capture(tiny_llama, oracle, draft_models, capture_mode):
     """EAGLE-3 under cpu-graph: the target model's captured artifacts still hand the drafter the hidden states of
-    the layers it reads (auxiliary outputs), and the head's own forward runs between steps."""
+    the layers it reads (auxiliary outputs), and the head's own forward runs between steps. On vLLM's CPU
+    attention: the piecewise run is also EAGLE-3's scenario of the test above on that backend (attention runs
+    between the captured pieces)."""
     run = generate(tiny_llama, *spec("eagle3", str(draft_models["llama_eagle3"]), k=2), "--graph-mode", "cpu-graph",
                    "--graph-capture-mode", capture_mode, "--capture-sizes", "1,2,4,8",
                    env=clean_env(ASCEND_KERNEL_DEVICE="cpu"), max_tokens=MAX_TOKENS, prompts=PROMPTS)
     check(tiny_llama, run, oracle, "eagle", "spec-decode-eagle")
+    assert next(d for d in run["report"]["decisions"] if d["family"] == "attention_backend")["chosen"] == "vllm-native"
+    if capture_mode == "piecewise":
+        assert set(run["report"]["trace"]["attention_states"]) == {"PrefillNoCache", "ChunkedPrefill"}
     graph = run["report"]["graph"]
     assert graph["capture_mode"] == capture_mode and sum(graph["replays"].values()) > 0, graph

@@ -14,6 +14,8 @@ token. One engine per scenario:
 * ``deepseek-default-redundant``: vLLM's default policy with 2 redundant
   experts (6 physical experts for 4 logical ones: replicas served), the map
   recorded, under the MoE comm policy of an A3 (all-to-all prefill, MC2 decode);
+  then a second engine replays the recorded map at ``step_interval=1``: the
+  same tokens, no rearrangement, the map kept (issue 41, bug 6);
 * ``qwen3-swap-limited``: the swap-limited policy (1 swap per layer), no
   replicas, under an A2's (naive multicast prefill, MC2 decode).
 
@@ -89,6 +91,7 @@ def test_eplb_rearranges_and_tokens_equal_transformers(scenario, tmp_path_factor
         assert eplb["imbalance_before"] is not None and eplb["imbalance_before"] >= 1.0
         assert eplb["imbalance_after"] is not None and eplb["imbalance_after"] >= 1.0
         assert eplb["rebalance_ms"] > 0
+        assert eplb["globals_left_swapped"] == [], "torch.Event / current_stream are torch's own after the moves"
         for entry in eplb["history"]:
             for row in entry["map"]:
                 assert sorted(set(row)) == [0, 1, 2, 3] and len(row) == 4 + redundant  # every expert placed
@@ -104,3 +107,15 @@ def test_eplb_rearranges_and_tokens_equal_transformers(scenario, tmp_path_factor
     recorded = json.loads(record.read_text())
     assert recorded["physical_to_logical"] == objects[0]["history"][-1]["map"]
     assert recorded["ep_size"] == 2
+    if redundant:  # replay on another engine, at step_interval=1 (a rearrangement due every step if not kept)
+        replay_map = tmp_path / "replayed_map.json"
+        eplb_config = {**eplb_config, "step_interval": 1}
+        env.update(ASCEND_KERNEL_EPLB_REPLAY_PATH=str(record), ASCEND_KERNEL_EPLB_RECORD_PATH=str(replay_map))
+        args = [a if not a.startswith("eplb_config=") else f"eplb_config={json.dumps(eplb_config)}" for a in args]
+        replayed = generate(model, *args, env=env, max_tokens=MAX_TOKENS, prompts=[])
+        assert_same_tokens(model, replayed, oracle)
+        for rank in replayed["report"]["ranks"]:
+            eplb = rank["trace"]["eplb"]
+            assert eplb["replayed"] and eplb["rebalances"] == 0 and eplb["moved_experts"] > 0, eplb
+        # written after the replayed map was installed, and never again: the recorded map, kept
+        assert json.loads(replay_map.read_text())["physical_to_logical"] == recorded["physical_to_logical"]

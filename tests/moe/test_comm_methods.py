@@ -83,13 +83,13 @@ def _worker(rank: int, port: int, out_dir: str, broken: str) -> None:
     from ak_moe_plugin import ShardAllGather
 
     from ascend_kernel.ops.reference import ReferenceOps
-    from ascend_kernel_plugins.moe_comm.experts import LocalExperts, gather_expert_maps, slot_table
+    from ascend_kernel.ops.moe_experts import LocalExperts, gather_expert_maps, slot_table
     from ascend_kernel_plugins.moe_comm.methods.allgather import AllGatherMethod
     from ascend_kernel_plugins.moe_comm.methods.alltoall import AllToAllMethod
     from ascend_kernel_plugins.moe_comm.methods.base import CapacityError
     from ascend_kernel_plugins.moe_comm.methods.mc2 import MC2Method
     from ascend_kernel_plugins.moe_comm.methods.naive_multicast import NaiveMulticastMethod
-    from ascend_kernel_plugins.moe_comm.parallel import MoEParallel
+    from ascend_kernel.ops.moe_parallel import MoEParallel
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     world = dist.group.WORLD

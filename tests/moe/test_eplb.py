@@ -112,11 +112,15 @@ def test_imbalance_and_projection():
 
 
 def test_host_event_times_in_milliseconds():
+    """Elapsed time in milliseconds, as torch's device events answer: 50 ms apart reads >= 50 (not 0.05, not 5e4)."""
+    import time
+
     start, end = HostEvent(enable_timing=True), HostEvent(enable_timing=True)
     start.record()
+    time.sleep(0.05)
     end.record()
     end.synchronize()
-    assert 0 <= start.elapsed_time(end) < 1000
+    assert 50 <= start.elapsed_time(end) < 10_000
 
 
 def test_eplb_config_is_vllms_and_synchronous():
@@ -178,7 +182,8 @@ def test_deployments_eplb_cannot_run_are_refused(config, redundant, message):
     check_deployment(_config(), 2)  # 6 physical experts on 2 ranks: runs
 
 
-def test_weights_move_over_hccl_on_an_npu_and_gloo_on_a_cpu():
+def test_the_communicator_chosen_is_vllms_device_group_one_on_an_npu_and_gloo_on_a_cpu():
+    """The choice only (by vLLM's communicator name); the move itself runs over gloo in test_eplb_transfer.py."""
     from ascend_kernel_plugins.eplb.admission import communicator_for
 
     unset, _ = eplb_config_of({})
@@ -189,3 +194,21 @@ def test_weights_move_over_hccl_on_an_npu_and_gloo_on_a_cpu():
     for cuda_only in ("pynccl", "nixl"):
         with pytest.raises(KernelError, match=f"communicator '{cuda_only}' needs CUDA.*torch_nccl"):
             communicator_for(eplb_config_of({"communicator": cuda_only})[0], "npu")
+
+
+def test_the_host_standins_are_torchs_own_again_after_the_block_also_on_an_error():
+    import torch
+
+    from ascend_kernel_plugins.eplb.state import cpu_standins, swapped_globals
+
+    event, stream = torch.Event, torch.accelerator.current_stream
+    assert swapped_globals() == []
+    with cpu_standins():
+        assert swapped_globals() == ["torch.Event", "torch.accelerator.current_stream"]
+        assert torch.Event is HostEvent
+    try:
+        with cpu_standins():
+            raise RuntimeError("a peer died mid-transfer")
+    except RuntimeError:
+        pass
+    assert swapped_globals() == [] and torch.Event is event and torch.accelerator.current_stream is stream

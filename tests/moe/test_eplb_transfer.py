@@ -76,9 +76,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     from ascend_kernel.ops.reference import ReferenceOps
     from ascend_kernel_plugins.eplb.state import cpu_standins
     from ascend_kernel_plugins.moe_comm.eplb_map import to_physical
-    from ascend_kernel_plugins.moe_comm.experts import LocalExperts, slot_table
+    from ascend_kernel.ops.moe_experts import LocalExperts, slot_table
     from ascend_kernel_plugins.moe_comm.methods.allgather import AllGatherMethod
-    from ascend_kernel_plugins.moe_comm.parallel import MoEParallel
+    from ascend_kernel.ops.moe_parallel import MoEParallel
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=60))  # a hang fails the test instead of stalling it

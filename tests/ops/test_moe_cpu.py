@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ascend_kernel.ops import get_ops, moe_cpu
-from ascend_kernel_plugins.moe_comm.experts import LocalExperts
+from ascend_kernel.ops.moe_experts import LocalExperts
 from fuzzing import fuzz
 
 ops = get_ops("reference", "cpu")

@@ -149,7 +149,9 @@ def test_int4_experts_compute_the_int4_formula():
     g = torch.Generator().manual_seed(5)
     values = torch.randint(-8, 8, (2, 12, 4), generator=g, dtype=torch.int8)  # [E, K, N]
     scale = torch.rand(2, 4, generator=g) * 0.1
-    weight, w_scale, bias = ops.int4_experts(values, scale)
+    rows = values.transpose(1, 2)  # [E, N, K]: msModelSlim packs output rows 2j (low nibble) and 2j + 1 (high)
+    packed = ((rows[:, 0::2] & 0xF) | (rows[:, 1::2] << 4)).to(torch.int8)
+    weight, w_scale, bias = ops.int4_experts(packed, scale, None)
     xq = torch.randint(-128, 128, (5, 12), generator=g, dtype=torch.int8)
     row_scale = torch.rand(5, generator=g)
     got = ops.grouped_quant_matmul(xq, weight, w_scale, row_scale, torch.tensor([2, 3]), bias, torch.float32)

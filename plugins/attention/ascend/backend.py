@@ -61,8 +61,8 @@ from ascend_kernel_plugins.attention.ascend.graph_params import captured_decode
 from ascend_kernel_plugins.attention.ascend.graph_support import full_graph_support
 from ascend_kernel_plugins.attention.ascend.host_lengths import StepHostLengths, host_lengths_capacity
 from ascend_kernel_plugins.attention.states import AttentionState
-from ascend_kernel_plugins.graph.capture_session import active_full_capture
-from ascend_kernel_plugins.kv_cache.int8_bsh import INT8_KV_CACHE_DTYPE, Int8BSHCaches, bsh_parts, bsh_spec
+from ascend_kernel_plugins.graph import active_full_capture
+from ascend_kernel_plugins.kv_cache import INT8_KV_CACHE_DTYPE, Int8BSHCaches, bsh_parts, bsh_spec
 
 
 class AscendAttentionBackend(AttentionBackend):

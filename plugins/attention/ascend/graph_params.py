@@ -230,7 +230,7 @@ _BY_DEVICE: "weakref.WeakKeyDictionary[Any, DecodeGraphParams]" = weakref.WeakKe
 
 def decode_graph_params(device: Any, ops: Any) -> DecodeGraphParams:
     """The device's :class:`DecodeGraphParams`, made on first use and registered as its replay preparer."""
-    from ascend_kernel_plugins.graph.capture_session import register_replay_preparer
+    from ascend_kernel_plugins.graph import register_replay_preparer
 
     params = _BY_DEVICE.get(device)
     if params is None:

@@ -42,7 +42,7 @@ from ascend_kernel.upstream import mla_impl_defaults
 from ascend_kernel_plugins.attention.ascend.backend import host_seq_lens_are_exact
 from ascend_kernel_plugins.attention.ascend.graph_params import captured_mla_decode
 from ascend_kernel_plugins.attention.ascend.host_lengths import StepHostLengths, host_lengths_capacity
-from ascend_kernel_plugins.graph.capture_session import active_full_capture
+from ascend_kernel_plugins.graph import active_full_capture
 
 
 class AscendMLABackend(MLACommonBackend):

@@ -18,7 +18,7 @@ from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
 from ascend_kernel_plugins.moe_comm.methods.base import Dispatched, MoECommMethod, place_shard, slots_of
 from ascend_kernel_plugins.moe_comm.methods.common import seam_ops
-from ascend_kernel_plugins.moe_comm.parallel import all_to_all_rows, exchange_counts
+from ascend_kernel.ops.moe_parallel import all_to_all_rows, exchange_counts
 
 
 class AllToAllMethod(MoECommMethod):

@@ -7,7 +7,7 @@ The MoE layer calls, for every batch and layer::
     partial = method.combine(expert_out, dispatched)
 
 ``topk_ids`` are the model's global expert ids; methods map them to slots
-(:mod:`ascend_kernel_plugins.moe_comm.experts`). ``dispatch`` hands back the
+(:mod:`ascend_kernel.ops.moe_experts`). ``dispatch`` hands back the
 rows this rank's experts must process, grouped by local expert, with one count
 per local expert (rows past the counts are padding). ``combine`` returns, for
 every row of this rank's batch, the routing-weighted sum of the outputs of the
@@ -22,8 +22,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from ascend_kernel_plugins.moe_comm.experts import LocalExperts
-from ascend_kernel_plugins.moe_comm.parallel import MoEParallel
+from ascend_kernel.ops.moe_experts import LocalExperts
+from ascend_kernel.ops.moe_parallel import MoEParallel
 
 
 class CapacityError(RuntimeError):

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ascend_kernel_plugins.moe_comm.parallel import MoEParallel, gather_sizes
+from ascend_kernel.ops.moe_parallel import MoEParallel, gather_sizes
 
 
 def seam_ops(ctx: Any) -> Any:
