@@ -29,11 +29,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from engine_pipe import EnginePipe
 
 PROMPT = "The quick brown fox jumps over the lazy dog while the"
 ENGINES = ("eager", "cpu-graph", "cpu-graph-full", "stock-compiled")
@@ -95,29 +96,10 @@ def worker(name: str, model: str, sizes: list[int]) -> None:
 # -- the driver ----------------------------------------------------------------------------------------
 
 
-class Engine:
+class Engine(EnginePipe):
     def __init__(self, name: str, model: str, sizes: list[int]) -> None:
         self.name = name
-        self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--worker", name, "--model", model, "--sizes", ",".join(map(str, sizes))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            cwd=Path(__file__).resolve().parents[1])
-        self.hello = self._read()
-
-    def _read(self) -> dict[str, Any]:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"engine {self.name} exited (rc {self.proc.wait()})")
-        return json.loads(line)
-
-    def block(self, batch: int, tokens: int) -> dict[str, Any]:
-        self.proc.stdin.write(json.dumps({"batch": batch, "tokens": tokens}) + "\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=120)
+        super().__init__(__file__, name, [name, "--model", model, "--sizes", ",".join(map(str, sizes))])
 
 
 def main(argv: list[str] | None = None) -> int:
