@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
+from typing import Any
 
 from ascend_kernel.cli.liveness import PROBE, remote_engines, watch_engines
 
@@ -180,3 +181,49 @@ def test_a_headless_dp_node_beats_to_the_dp_address_and_others_do_not():
         sender.stop()
     assert start_heartbeat(SimpleNamespace(**{**base, "headless": False})) is None  # the API node
     assert start_heartbeat(SimpleNamespace(**{**base, "data_parallel_size": 1})) is None  # multi-node TP follower
+
+
+def test_every_api_server_of_the_host_sees_the_beats_whoever_holds_the_port():
+    """vLLM starts several API server processes on the API node (``--api-server-count``, by default one per local
+    DP rank); one binds the heartbeat port. The others subscribe to its relay: a busy node is dead to none of them,
+    and a node that goes quiet is dead to every one of them within the timeout."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    from ascend_kernel.cli.liveness import HeartbeatSender, receive_beats, watch_heartbeats
+
+    async def run() -> tuple[list[str], list[Core], list[Any], float]:
+        port = _free_udp_port()
+        holder = await receive_beats("127.0.0.1", port)
+        subscriber = await receive_beats("127.0.0.1", port)  # the port is taken: this one subscribes
+        assert holder[2] is None and subscriber[2] is not None
+        subscriber[2].cancel()  # renew faster than the production interval, for a short test
+        renew = asyncio.create_task(_renew(subscriber[0], port))
+        sender = HeartbeatSender("127.0.0.1", port, first_rank=1, engines=1, interval_s=0.05).start()
+        cores = [Core(engines=2, answers=0), Core(engines=2, answers=0)]
+        watches = [asyncio.create_task(watch_heartbeats(core, endpoint[1], timeout_s=0.4, check_s=0.02))
+                   for core, endpoint in zip(cores, (holder, subscriber))]
+        await asyncio.sleep(1.0)  # beats arrive at both: nobody is taken as dead
+        assert not any(w.done() for w in watches)
+        sender.stop()
+        stopped = time.monotonic()
+        outcomes = await asyncio.wait_for(asyncio.gather(*watches), timeout=5)
+        took = time.monotonic() - stopped
+        renew.cancel()
+        for endpoint in (holder, subscriber):
+            endpoint[0].close()
+        return outcomes, cores, [holder[1], subscriber[1]], took
+
+    import time
+
+    outcomes, cores, receivers, took = asyncio.run(run())
+    assert outcomes == ["failed", "failed"], outcomes
+    assert all(isinstance(core.outputs_queue.get_nowait(), EngineDeadError) for core in cores)
+    assert all(list(r.last) == [1] for r in receivers)  # the subscriber heard the node through the relay
+    assert len(receivers[0].subscribers) == 1 and not receivers[1].subscribers
+    assert took < 2.0, took
+
+
+async def _renew(transport: Any, port: int) -> None:
+    from ascend_kernel.cli.liveness import subscribe
+
+    await subscribe(transport, ("127.0.0.1", port), interval_s=0.05)

@@ -34,10 +34,16 @@ it up, answering 503).
 Before the heartbeat, the watch asked each engine a utility question
 (``is_sleeping``), which the engine-core loop answers only between steps, so
 a step longer than the timeout read as a dead engine (measured: a 7 s
-prefill under a 3 s timeout got a 500 and the server exited). That probe
-(:func:`watch_engines`) remains the fallback where the heartbeat port cannot
-be bound here (e.g. a second API server on this host already holds it); it
-keeps the old caveat, which the log says.
+prefill under a 3 s timeout got a 500 and the server exited). Every API server process of the API node watches (vLLM starts
+``--api-server-count`` of them, by default one per local DP rank), but only
+one can bind the heartbeat port: the others bind a port of their own on the
+same address and *subscribe* to the one that holds it (a datagram every
+beat interval), which relays each beat it receives to its subscribers. So
+all of them see the heartbeats, whatever the API server count (measured
+before: with ``-dp 2`` the second API server fell back to the probe below
+and took a busy engine as dead). The probe (:func:`watch_engines`) remains
+the fallback only where no UDP port can be bound at all; it keeps the old
+caveat, which the log says.
 
 What a beat proves: the node's launcher runs, hence (vLLM's headless monitor)
 all its engine processes run. An engine process that is alive but stuck is
@@ -69,6 +75,10 @@ PROBE = "is_sleeping"
 HEARTBEAT_INTERVAL_S = 1.0
 #: first word of a heartbeat datagram: ``ascend-kernel-beat <first DP rank> <engines>``
 BEAT = b"ascend-kernel-beat"
+#: the datagram an API server that could not bind the heartbeat port sends to the one that did: relay beats to me
+SUBSCRIBE = b"ascend-kernel-subscribe"
+#: seconds a subscriber is relayed to after its last subscription (it renews every heartbeat interval)
+SUBSCRIPTION_TTL_S = 5 * HEARTBEAT_INTERVAL_S
 
 
 def remote_engines(engine_client: Any) -> int:
@@ -142,18 +152,38 @@ def start_heartbeat(args: Any) -> HeartbeatSender | None:
 
 
 class HeartbeatReceiver(asyncio.DatagramProtocol):
-    """When each sender (keyed by its first DP rank) was last heard from, on this loop's clock."""
+    """When each sender (keyed by its first DP rank) was last heard from, on this loop's clock.
+
+    The receiver that holds the heartbeat port also relays every beat to the API servers of this host that
+    subscribed (each renews within :data:`SUBSCRIPTION_TTL_S`).
+    """
 
     def __init__(self) -> None:
         self.last: dict[int, float] = {}
         self.engines: dict[int, int] = {}
+        self.subscribers: dict[Any, float] = {}
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
         words = data.split()
-        if len(words) == 3 and words[0] == BEAT and words[1].isdigit() and words[2].isdigit():
+        now = time.monotonic()
+        if words == [SUBSCRIBE]:
+            self.subscribers[addr] = now
+        elif len(words) == 3 and words[0] == BEAT and words[1].isdigit() and words[2].isdigit():
             first = int(words[1])
-            self.last[first] = time.monotonic()
+            self.last[first] = now
             self.engines[first] = int(words[2])
+            self._relay(data, now)
+
+    def _relay(self, beat: bytes, now: float) -> None:
+        for addr, renewed in list(self.subscribers.items()):
+            if now - renewed > SUBSCRIPTION_TTL_S:
+                del self.subscribers[addr]  # that API server is gone (or holds the port itself now)
+            elif self.transport is not None:
+                self.transport.sendto(beat, addr)
 
     def ranks(self, first: int) -> str:
         return f"{first}" if self.engines.get(first, 1) == 1 else f"{first}-{first + self.engines[first] - 1}"
@@ -164,6 +194,13 @@ async def bind_receiver(host: str, port: int) -> tuple[Any, HeartbeatReceiver]:
     transport, receiver = await asyncio.get_running_loop().create_datagram_endpoint(
         HeartbeatReceiver, local_addr=(host, port))
     return transport, receiver
+
+
+async def subscribe(transport: Any, holder: tuple[str, int], interval_s: float = HEARTBEAT_INTERVAL_S) -> None:
+    """Ask the API server that holds the heartbeat port, every ``interval_s``, to relay the beats to ``transport``."""
+    while not transport.is_closing():
+        transport.sendto(SUBSCRIBE, holder)
+        await asyncio.sleep(interval_s)
 
 
 async def watch_heartbeats(core: Any, receiver: HeartbeatReceiver, timeout_s: float,
@@ -208,20 +245,38 @@ async def watch_engines(engine_client: Any, timeout_s: float, interval_s: float 
     return "dead"
 
 
+async def receive_beats(host: str, port: int) -> tuple[Any, HeartbeatReceiver, asyncio.Task | None]:
+    """Hold the heartbeat port; where another API server of this host holds it, subscribe to its relay.
+
+    Returns the endpoint, its receiver and the subscription task (None when this process holds the port);
+    OSError when neither can be bound.
+    """
+    try:
+        transport, receiver = await bind_receiver(host, port)
+        return transport, receiver, None
+    except OSError as held:
+        transport, receiver = await bind_receiver(host, 0)
+        logger.info("ascend-kernel: another API server holds the heartbeat port %s:%d/udp (%s); this one "
+                    "receives the beats it relays", host, port, held)
+        return transport, receiver, asyncio.get_running_loop().create_task(subscribe(transport, (host, port)))
+
+
 async def watch(engine_client: Any, timeout_s: float) -> str:
-    """Heartbeats on the DP address's UDP port; the utility probe where that port cannot be bound here."""
+    """Heartbeats on the DP address's UDP port (held here or relayed); the utility probe where no port binds."""
     parallel = engine_client.vllm_config.parallel_config
     host, port = parallel.data_parallel_master_ip, parallel.data_parallel_rpc_port
     try:
-        transport, receiver = await bind_receiver(host, port)
+        transport, receiver, subscription = await receive_beats(host, port)
     except OSError as exc:
-        logger.warning("ascend-kernel: cannot receive engine heartbeats on %s:%d/udp (%s); asking the engines "
-                       "instead, where a step longer than %g s reads as a dead engine", host, port, exc, timeout_s)
+        logger.warning("ascend-kernel: cannot receive engine heartbeats on %s/udp (%s); asking the engines "
+                       "instead, where a step longer than %g s reads as a dead engine", host, exc, timeout_s)
         return await watch_engines(engine_client, timeout_s)
     try:
         return await watch_heartbeats(engine_client.engine_core, receiver, timeout_s)
     finally:
         transport.close()
+        if subscription is not None:
+            subscription.cancel()
 
 
 def start_watch(app_state: Any) -> asyncio.Task | None:

@@ -170,7 +170,9 @@ def two_node_deployment(model: Path, logs: Path, *extra: str,
                              "--data-parallel-start-rank", "1"], {**server_env("1"), **liveness, **slow},
                             logs / "node1.log")
     headless.slow_trigger = slow_trigger
-    api = LocalServer([*CLI, "serve", str(model), *SERVE_ARGS, *dp, "--api-server-count", "1"],
+    # vLLM's default API server count (-dp 2: two API server processes on this node, one holding the heartbeat
+    # port, the other receiving the beats it relays): each must take the busy node as alive, the killed one as dead
+    api = LocalServer([*CLI, "serve", str(model), *SERVE_ARGS, *dp],
                       {**server_env("0"), **liveness}, logs / "node0.log", api_key=API_KEY)
     return api, headless
 
@@ -215,6 +217,10 @@ def test_a_step_four_times_the_liveness_timeout_is_no_dead_node(two_nodes, tiny_
     assert faults.health(api) == 200 and api.process.poll() is None and headless.process.poll() is None
     assert "taken as dead" not in api.log_text(), api.log_text()[-3000:]
     assert "heartbeat of DP rank(s) 1-1 to 127.0.0.1" in headless.log_text()
+    # vLLM's default API server count here is 2: one holds the heartbeat port, the other takes its relay; neither
+    # falls back to asking the engines (which reads a long step as a dead engine)
+    assert "receives the beats it relays" in api.log_text(), api.log_text()[-3000:]
+    assert "asking the engines instead" not in api.log_text(), api.log_text()[-3000:]
     with capsys.disabled():
         print(f"\n[long step] headless step {step_s:.1f} s under a {faults.LIVENESS_TIMEOUT_S} s liveness timeout; "
               f"requests answered 200 after {took:.1f} s; /health 200")
