@@ -136,7 +136,7 @@ def test_prefill_then_decode_with_layer_ops_on_the_seam_too(tiny_llama):
     states = check(tiny_llama, run, "PrefillNoCache")
     assert states == {"PrefillNoCache": 1, "DecodeOnly": MAX_TOKENS - 1}
     layer_ops = run["report"]["layer_ops"]
-    assert layer_ops["replaced"] == ["RMSNorm", "RotaryEmbedding"]
+    assert layer_ops["replaced"] == ["MMEncoderAttention", "MRotaryEmbedding", "RMSNorm", "RotaryEmbedding"]
     # 2 decoder layers x 2 norms + the final norm; one rotary embedding shared by the layers
     assert layer_ops["layers_built"] == {"RMSNorm": 5, "RotaryEmbedding": 1}
     decision = next(d for d in run["report"]["decisions"] if d["family"] == "layer_ops")
