@@ -256,3 +256,26 @@ def test_no_file_over_500_lines() -> None:
     long = sorted(f"{path.relative_to(ROOT)}: {n} lines" for path in project_modules().values()
                   if (n := len(path.read_text().splitlines())) > MAX_FILE_LINES)
     assert not long, f"files over {MAX_FILE_LINES} lines (split them by job):\n" + "\n".join(long)
+
+
+def redefined_functions(source: str) -> list[str]:
+    """Module-level functions defined twice in one module: the later silently replaces the earlier (a hookimpl
+    merged in from two branches, say, of which pluggy then registers only one)."""
+    seen: set[str] = set()
+    twice = []
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if node.name in seen:
+                twice.append(node.name)
+            seen.add(node.name)
+    return twice
+
+
+def test_the_redefinition_finder_sees_one() -> None:
+    assert redefined_functions("def a():\n    pass\n\n\ndef b():\n    pass\n\n\ndef a():\n    pass\n") == ["a"]
+
+
+def test_no_module_defines_a_function_twice() -> None:
+    found = {str(path.relative_to(ROOT)): names for path in project_modules().values()
+             if (names := redefined_functions(path.read_text()))}
+    assert found == {}, found

@@ -65,6 +65,14 @@ def _native_supported(ctx: Any) -> str | None:
 
 @hookimpl
 def ascend_kernel_configure(settings: Any, vllm_config: Any, device: Any) -> list[Any]:
+    """The layers' config changes: the seam layers enabled under compilation; the encoder attention's backend."""
+    from ascend_kernel_plugins.layers.encoder_attention import reset_backend
+
+    return [*_compile_seam_layers(settings, vllm_config, device),
+            *reset_backend(settings, vllm_config, getattr(device, "kind", "cpu"))]
+
+
+def _compile_seam_layers(settings: Any, vllm_config: Any, device: Any) -> list[Any]:
     """Under compilation vLLM runs a ``CustomOp``'s native forward unless the op is enabled by name.
 
     The seam's layers are that custom op: with them chosen (an NPU, or
@@ -98,10 +106,3 @@ def ascend_kernel_layer_ops() -> list[Implementation]:
         Implementation(family="layer_ops", name="ascend", factory=lambda ctx: SeamLayerOps(), priority=10,
                        description="RMSNorm and rotary embedding through the ops seam (torch_npu on an NPU)"),
     ]
-
-
-@hookimpl
-def ascend_kernel_configure(settings: Any, vllm_config: Any, device: Any) -> list[Any]:
-    from ascend_kernel_plugins.layers.encoder_attention import reset_backend
-
-    return reset_backend(settings, vllm_config, getattr(device, "kind", "cpu"))
