@@ -40,8 +40,12 @@ demo: $(STAMP)
 		--prompt "The capital of France is" --prompt "Once upon a time, there was a" \
 		--chat "What is the capital of France?"
 
+# Two pytest workers, one test file at a time each (a file's module-scoped engine stays in one worker):
+# most of an end-to-end test is one Python thread (imports, tracing, inductor's lowering, a tiny model's
+# step), so two files at once use both cores (docs/testing.md). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(TINY)/tiny_model.json
 	$(PY) bench/step_overhead.py --model $(TINY)

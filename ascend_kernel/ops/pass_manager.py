@@ -23,11 +23,14 @@ process compiled; :func:`fusion_report` is the report's ``fusion`` object.
 from __future__ import annotations
 
 import hashlib
+import inspect
 from typing import Any
 
 from torch import fx
 from vllm.compilation.passes.inductor_pass import InductorPass
 from vllm.compilation.passes.pass_manager import PostGradPassManager
+
+from ascend_kernel.ops import opaque
 
 #: inductor's config key for a post-grad pass of one's own (also vLLM's platform default ``pass_key``)
 POST_GRAD_KEY = "post_grad_custom_post_pass"
@@ -55,7 +58,7 @@ def fusion_passes(kernel: Any = None) -> list[Any]:
 
 
 class SeamFusionPasses(InductorPass):
-    """Every enabled fusion pass over one post-grad graph (an inductor custom pass, with a uuid for its cache)."""
+    """Every enabled fusion pass over one post-grad graph (an inductor custom pass; its uuid is inductor's cache key)."""
 
     def __call__(self, graph: fx.Graph) -> None:
         changed = sum(fusion_pass(graph) for fusion_pass in fusion_passes())
@@ -65,15 +68,17 @@ class SeamFusionPasses(InductorPass):
     def __repr__(self) -> str:  # shown in config-change records: no address
         return "SeamFusionPasses()"
 
-    def uuid(self) -> str | None:
-        """None while a pass is enabled: inductor then compiles the graph rather than load it from its FX graph
-        cache, where the passes would not run, so each pass's ``matches`` counts every graph this process
-        compiled (at the price of that cache for these graphs); with no pass, a stable key."""
+    def uuid(self) -> str:
+        """Inductor's cache key for this pass: the enabled passes (their classes, device kind and order) and the
+        source of the modules that define them and the seam's graph ops, so a graph rewritten by other passes, or by an edited pass, is
+        never served from the cache. A graph inductor does serve from its cache was rewritten by these very
+        passes when it was first compiled; the passes do not run on it again, so ``matches`` counts the graphs
+        this process compiled (a test that counts them compiles with inductor's FX graph cache off)."""
         passes = fusion_passes()
-        if passes:
-            return None
-        state = sorted(f"{type(p).__module__}.{type(p).__qualname__}:{getattr(p, 'key', '')}" for p in passes)
-        sources = InductorPass.hash_source(self, *(type(p) for p in passes))
+        state = [f"{type(p).__module__}.{type(p).__qualname__}@{getattr(p, 'device_kind', '')}" for p in passes]
+        modules = sorted({inspect.getmodule(type(p)) for p in passes} | ({opaque} if passes else set()),
+                         key=lambda m: m.__name__)
+        sources = InductorPass.hash_source(*(inspect.getsource(m) for m in modules))
         return hashlib.sha256(("|".join(state) + sources).encode()).hexdigest()
 
 
@@ -83,10 +88,6 @@ class SeamPassManager(PostGradPassManager):
     def configure(self, config: Any) -> None:
         super().configure(config)
         self.passes.insert(0, SeamFusionPasses())
-
-    def uuid(self) -> Any:
-        """As :meth:`SeamFusionPasses.uuid`: no inductor cache key while a fusion pass is enabled."""
-        return None if fusion_passes() else super().uuid()
 
 
 def fusion_report(kernel: Any) -> list[dict[str, Any]]:

@@ -61,17 +61,34 @@ def test_seam_pass_manager_is_vllms_with_the_fusion_passes_first():
     assert sum(isinstance(p, SeamFusionPasses) for p in manager.passes) == 1
 
 
-def test_the_managers_cache_key_is_none_while_a_pass_is_enabled(monkeypatch):
+def test_the_cache_key_names_the_enabled_passes_and_their_sources(monkeypatch):
+    """Inductor keys its FX graph cache on this uuid: the same passes give the same key in any process (the cache
+    serves graphs these passes rewrote), another set of passes another key (never a graph rewritten otherwise)."""
     monkeypatch.setattr(pass_manager, "fusion_passes", lambda kernel=None: [NormQuantPass()])
-    assert SeamPassManager().uuid() is None
-
-
-def test_no_cache_key_while_a_pass_is_enabled(monkeypatch):
-    """A graph served from inductor's cache would skip the passes (and their counts): no key, no cache."""
-    monkeypatch.setattr(pass_manager, "fusion_passes", lambda kernel=None: [NormQuantPass()])
-    assert SeamFusionPasses().uuid() is None
+    one = SeamFusionPasses().uuid()
+    assert one == SeamFusionPasses().uuid() and len(one) == 64
+    monkeypatch.setattr(pass_manager, "fusion_passes", lambda kernel=None: [NormQuantPass(), QkNormRopePass()])
+    two = SeamFusionPasses().uuid()
+    monkeypatch.setattr(pass_manager, "fusion_passes", lambda kernel=None: [NormQuantPass("npu")])
+    on_npu = SeamFusionPasses().uuid()
     monkeypatch.setattr(pass_manager, "fusion_passes", lambda kernel=None: [])
-    assert isinstance(SeamFusionPasses().uuid(), str) and repr(SeamFusionPasses()) == "SeamFusionPasses()"
+    none = SeamFusionPasses().uuid()
+    assert len({one, two, on_npu, none}) == 4
+    assert repr(SeamFusionPasses()) == "SeamFusionPasses()"
+
+
+def test_the_managers_cache_key_folds_in_the_fusion_passes(monkeypatch):
+    from vllm.compilation.passes.inductor_pass import pass_context
+    from vllm.config import VllmConfig
+    from vllm.config.utils import Range
+
+    manager = SeamPassManager()
+    manager.configure(VllmConfig())
+    with pass_context(Range(start=1, end=8)):  # vLLM's backend keys each compile range apart
+        monkeypatch.setattr(pass_manager, "fusion_passes", lambda kernel=None: [NormQuantPass()])
+        with_pass = manager.uuid()
+        monkeypatch.setattr(pass_manager, "fusion_passes", lambda kernel=None: [])
+        assert isinstance(with_pass, str) and manager.uuid() != with_pass
 
 
 def test_report_lists_every_pass_with_its_matches_or_why_not():
