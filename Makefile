@@ -45,7 +45,7 @@ demo: $(STAMP)
 # step), so two files at once use both cores (docs/testing.md). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 bench: $(TINY)/tiny_model.json
 	$(PY) bench/step_overhead.py --model $(TINY)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from types import SimpleNamespace
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -24,8 +27,34 @@ def vllm_cpu_rejection():
     from vllm.platforms.cpu import CpuPlatform
     from vllm.v1.sample.rejection_sampler import RejectionSampler
 
-    CpuPlatform.register_triton_kernel_overrides()
+    with _modules_vllms_scan_cannot_read_hidden():
+        CpuPlatform.register_triton_kernel_overrides()
     return RejectionSampler
+
+
+@contextlib.contextmanager
+def _modules_vllms_scan_cannot_read_hidden() -> Iterator[None]:
+    """vLLM's kernel registration scans every loaded module and reads ``vars(value)`` of each value that answers
+    ``__dict__``; llvmlite's ``ffi.lib`` (loaded once numba is, e.g. by an n-gram drafter test earlier in this
+    worker) answers every attribute with a library function, so the scan fails. An engine registers before any
+    drafter loads numba; here the test's order is not fixed (two pytest workers), so the modules holding such a
+    value leave ``sys.modules`` for the scan and come back after it."""
+    def unreadable(module: Any) -> bool:
+        for value in list(getattr(module, "__dict__", {}).values()):
+            try:
+                if hasattr(value, "__dict__") and not hasattr(vars(value), "get"):
+                    return True
+            except Exception:
+                continue
+        return False
+
+    hidden = {name: module for name, module in list(sys.modules.items()) if unreadable(module)}
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
 
 
 def spec_metadata(drafts: list[list[int]]):
