@@ -168,6 +168,15 @@ def _empty_strided(size: Any, stride: Any, dtype: Any = None, layout: Any = None
     return NpuTensor(torch.empty_strided(size, stride, dtype=dtype))
 
 
+def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """A copy into a device tensor that bypasses ``__torch_dispatch__``: ``torch.tensor(data, device="npu")``
+    builds the host tensor and copies it with the Python dispatch key excluded, which lands here."""
+    source = src.host if isinstance(src, NpuTensor) else src
+    target = dst.host if isinstance(dst, NpuTensor) else dst
+    target.copy_(source, non_blocking=non_blocking)
+    return dst
+
+
 @functools.cache
 def install() -> StandinNpuModule:
     """Register the stand-in device once per process; returns its ``torch.npu`` module."""
@@ -184,6 +193,7 @@ def install() -> StandinNpuModule:
     lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - the stand-in's factory kernels
     lib.impl("empty.memory_format", _empty, "PrivateUse1")
     lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+    lib.impl("_copy_from", _copy_from, "PrivateUse1")
     install.library = lib  # type: ignore[attr-defined]  # kept alive: a dropped Library unregisters its kernels
     return module
 
