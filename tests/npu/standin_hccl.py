@@ -21,12 +21,21 @@ Semantics kept (those of HCCL/NCCL that the callers rely on):
 
 What crossed the fabric is counted (:attr:`Fabric.sent`), so a test can see
 that a move went over this group and not another one.
+
+Kernels that do their own communication (MC2's dispatch/combine) address a
+group by its HCCL communicator name, as torch_npu's do
+(``group._get_backend(npu).get_hccl_comm_name(rank)``): each fabric has one,
+and :func:`fabric_named` finds it, so the fake torch_npu's MC2 kernels
+exchange tokens between the ranks of the group they were given
+(:meth:`Fabric.exchange`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
+import weakref
 from collections import defaultdict, deque
 from typing import Any, Callable, Iterator
 
@@ -39,16 +48,42 @@ from npu.standin import NpuTensor
 TIMEOUT_S = 30.0
 
 
+#: every live fabric by its HCCL communicator name (the name MC2 kernels are given)
+_BY_NAME: "weakref.WeakValueDictionary[str, Fabric]" = weakref.WeakValueDictionary()
+_NAMES = itertools.count()
+
+
+def fabric_named(name: str) -> "Fabric | None":
+    """The fabric whose groups answer ``name`` as their HCCL communicator name (None: no such stand-in group)."""
+    return _BY_NAME.get(name)
+
+
 class Fabric:
     """The links of one in-process world: a mailbox per (source, destination, tag), a barrier, reduce slots."""
 
     def __init__(self, world: int) -> None:
         self.world = world
+        self.name = f"standin_hccl_{next(_NAMES)}"
+        _BY_NAME[self.name] = self
+        self.posted: list[Any] = [None] * world
         self.ready = threading.Condition()
         self.mail: dict[tuple[int, int, int], deque] = defaultdict(deque)
         self.sent: list[tuple[int, int, tuple[int, ...]]] = []  # (source, destination, shape) per message
         self.gate = threading.Barrier(world, timeout=TIMEOUT_S)
         self.slots: list[torch.Tensor | None] = [None] * world
+
+    def exchange(self, rank: int, value: Any) -> list[Any]:
+        """Every rank's ``value``, by rank (all ranks must call: what a kernel's own all-to-all sees)."""
+        self.posted[rank] = value
+        self.gate.wait()
+        values = list(self.posted)
+        self.gate.wait()  # every rank has read every value before any is cleared or overwritten
+        self.posted[rank] = None
+        missing = [r for r, v in enumerate(values) if v is None]
+        if missing:
+            raise RuntimeError(f"HCCL exchange on {self.name}: nothing from rank(s) {missing} (two callers gave "
+                               "the same rank?)")
+        return values
 
     @contextlib.contextmanager
     def groups(self) -> Iterator[list["StandinHcclGroup"]]:
@@ -108,6 +143,13 @@ class StandinHcclGroup(dist.ProcessGroup):
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return "hccl"
+
+    def _get_backend(self, device: torch.device) -> Any:
+        """The group's backend for a device: HCCL for npu (its communicator name), none for another device."""
+        if torch.device(device).type != "npu":
+            raise RuntimeError(f"the stand-in HCCL group has no backend for {device} (HCCL serves npu only)")
+        name = self.fabric.name
+        return type("HcclBackend", (), {"get_hccl_comm_name": staticmethod(lambda rank: name)})()
 
     def _peer(self, peer: int) -> int:
         if not 0 <= peer < self.fabric.world or peer == self.my_rank:
