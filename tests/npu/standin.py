@@ -17,6 +17,9 @@ which
   HCCL through the device group; vLLM's ``cpu_group`` is gloo),
 * otherwise runs the op on the host tensors and wraps the result.
 
+A device tensor's ``untyped_storage()`` is its host tensor's storage (the
+memory behind it; views share it): what sleep mode frees and regrows.
+
 Factory ops asked for ``device="npu"`` are served by PrivateUse1 kernels
 registered here. Copies to and from the CPU (``.to``, ``.cpu()``, ``copy_``)
 are allowed, as on any device.
@@ -130,6 +133,12 @@ class NpuTensor(torch.Tensor):
 
     def tolist(self) -> Any:  # a device-to-host read, as .tolist() is on a device
         return self.host.tolist()
+
+    def untyped_storage(self) -> torch.UntypedStorage:
+        """The memory behind this device tensor: its host tensor's storage, shared by its views as a device
+        storage is, so that sleep mode's pools can free (``resize_(0)``) and regrow it. The storage's own
+        ``device`` says cpu: torch's Python backend API gives the stand-in no device allocator."""
+        return self.host.untyped_storage()
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
