@@ -158,10 +158,15 @@ def server(tiny_llama, lora, tmp_path_factory) -> Any:
     server.stop()
 
 
-def test_server_serves_each_adapter_and_the_base_model_concurrently(server, lora):
-    """Nine requests sent at once to base, a and b: each answer equals its oracle. Whether the server put them in
-    the same batches is not asserted here (the offline tests above pin mixed batches: one-slot and cpu-graph)."""
+def test_server_serves_each_adapter_and_the_base_model_concurrently_in_shared_batches(server, lora):
+    """Six requests sent at once to base, a and b: each answer equals its oracle, and the server's engine ran
+    requests of both adapters in one batch (its report's ``lora_batches``, read through ``/ascend-kernel/report``:
+    the batch mappings vLLM set for scheduled steps, by distinct adapters)."""
+    import urllib.request
+
     from openai import AsyncOpenAI
+
+    from ascend_kernel.cli.serving import REPORT_PATH
 
     async def all_completions() -> list[Any]:
         async with AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=300) as api:
@@ -175,3 +180,6 @@ def test_server_serves_each_adapter_and_the_base_model_concurrently(server, lora
     answers = iter(asyncio.run(all_completions()))
     for model, name in (("base", None), ("a", "a"), ("b", "b")):
         assert [next(answers).choices[0].token_ids for _ in PROMPTS] == lora["oracle"][name], model
+    with urllib.request.urlopen(f"{server.base_url}{REPORT_PATH}", timeout=60) as response:
+        batches = json.loads(response.read())["trace"]["lora_batches"]
+    assert any(key.startswith("2 adapters") for key in batches), batches
