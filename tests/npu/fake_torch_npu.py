@@ -226,7 +226,8 @@ def npu_moe_distribute_dispatch_v2(x: torch.Tensor, expert_ids: torch.Tensor, gr
     _check(global_bs == 0 or global_bs >= batch * ep_world_size, "global_bs below the EP world's batch")
     ids = host(expert_ids).to(torch.int64).reshape(-1)
     _check(bool(((ids >= 0) & (ids < moe_expert_num)).all()), "expert_ids outside 0..moe_expert_num-1")
-    active = host(x_active_mask).repeat_interleave(top_k) if x_active_mask is not None else torch.ones_like(ids, dtype=torch.bool)
+    active = (host(x_active_mask).repeat_interleave(top_k) if x_active_mask is not None
+              else torch.ones_like(ids, dtype=torch.bool))
     posted = _mc2_peers(group_ep, ep_world_size, ep_rank_id, (host(x), ids, active))
     local = moe_expert_num // ep_world_size
     stride = batch * top_k
@@ -257,7 +258,8 @@ def npu_moe_distribute_combine_v2(expand_x: torch.Tensor, expert_ids: torch.Tens
     """MC2 combine: each row goes back to its source rank, which sums
     ``out[t] = sum_j expert_scales[t, j] * (row of pair (t, j))`` over the rows every rank sends it."""
     _log("npu_moe_distribute_combine_v2", (expand_x, expert_ids, assist_info_for_combine, ep_send_counts,
-                                           expert_scales, group_ep, ep_world_size, ep_rank_id), {"global_bs": global_bs})
+                                           expert_scales, group_ep, ep_world_size, ep_rank_id),
+         {"global_bs": global_bs})
     on_device(expand_x, expert_ids, assist_info_for_combine, ep_send_counts, expert_scales, x_active_mask,
               expand_scales)
     _check(expert_scales.dtype == torch.float32, f"expert_scales must be float32, got {expert_scales.dtype}")
