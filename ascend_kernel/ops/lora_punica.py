@@ -15,6 +15,14 @@ are host numbers a traced graph would keep from the step it was traced on;
 while Dynamo traces (graph modes), the products use the per-token (bgmv) form
 instead, over the first ``x.size(0)`` entries of the token-index buffer vLLM
 refreshes in place each step, which a captured graph reads by address.
+
+What the report sees: each batch mapping vLLM sets for a scheduled step (it
+sets one only when the batch's adapters differ from the previous step's) is
+counted in the step trace's ``lora_batches``, keyed by how many distinct
+adapters the batch held and whether base requests rode with them, so a test
+can see that requests of different adapters shared a batch. vLLM's warm-up
+and capture mappings (its dummy adapters) are not counted: they are not the
+runner's batch.
 """
 
 from __future__ import annotations
@@ -26,6 +34,27 @@ from torch.compiler import is_compiling
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 
 from ascend_kernel.upstream import lora_token_indices
+
+
+def batch_composition(request_ids: Any) -> str:
+    """``"2 adapters + base"``: the distinct adapters among a batch's per-request LoRA ids (0: no adapter)."""
+    ids = {int(i) for i in request_ids}
+    adapters = len(ids - {0})
+    return f"{adapters} adapter{'' if adapters == 1 else 's'}" + (" + base" if 0 in ids else "")
+
+
+def _count_batch(mapping: Any) -> None:
+    """Count a scheduled step's batch mapping in the stepping runner's trace (not a warm-up's, not a capture's)."""
+    from ascend_kernel.runner.kernel_runner import LIVE
+
+    runner = LIVE.outcome.runner  # vLLM sets the mapping before the runner publishes the step: read the batch
+    batch = getattr(runner, "input_batch", None)
+    if batch is None or not batch.num_reqs:
+        return  # no runner yet, or a dummy pass (no request in the batch)
+    requests = batch.request_lora_mapping[:batch.num_reqs]
+    if set(mapping.prompt_mapping) != {int(i) for i in requests}:
+        return  # vLLM's dummy adapters (warm-up, capture), not this batch's requests
+    runner.kernel_trace.count("lora_batches", batch_composition(requests))
 
 
 def _seam_ops() -> Any:
@@ -41,6 +70,11 @@ class KernelPunicaWrapper(PunicaWrapperCPU):
                  **kwargs: Any) -> None:
         super().__init__(max_num_batched_tokens, max_batches, device, **kwargs)
         self.seam_ops = _seam_ops()
+
+    def update_metadata(self, mapping: Any, *args: Any, **kwargs: Any) -> None:
+        """vLLM's metadata for a new batch mapping, and the batch's adapter count in the step trace."""
+        super().update_metadata(mapping, *args, **kwargs)
+        _count_batch(mapping)
 
     def _tokens(self, x: torch.Tensor) -> torch.Tensor:
         """The slot index of each of ``x``'s rows (``-1``: no adapter)."""

@@ -98,33 +98,44 @@ def by_adapter(run: dict[str, Any]) -> dict[str | None, list[list[int]]]:
     return rows
 
 
-def one_slot_run(model: Path, lora: dict[str, Any], *extra: str) -> dict[str | None, list[list[int]]]:
+def one_slot_run(model: Path, lora: dict[str, Any], *extra: str) -> dict[str, Any]:
     run = generate(model, "--lora", f"a={lora['paths']['a']}", "--engine-arg", "max_loras=1",
                    "--engine-arg", f"max_lora_rank={RANK}", *extra, max_tokens=MAX_TOKENS, prompts=PROMPTS,
                    env=clean_env(ASCEND_KERNEL_DEVICE="cpu"))
     assert [o["prompt_token_ids"] for o in run["outputs"]] == lora["prompt_ids"] * 2
-    return by_adapter(run)
+    return run
 
 
 def test_one_slot_mixed_batch_base_rows_equal_the_base_model_adapter_rows_the_merged_weights(tiny_llama, lora):
-    rows = one_slot_run(tiny_llama, lora)
+    run = one_slot_run(tiny_llama, lora)
+    rows = by_adapter(run)
     assert rows[None] == lora["oracle"][None]  # base requests unaffected by the adapter in the same batch
     assert rows["a"] == lora["oracle"]["a"]
+    # the same batch, seen by the kernel's punica wrapper: every batch mapping vLLM set held base and adapter rows
+    assert set(run["report"]["trace"]["lora_batches"]) == {"1 adapter + base"}, run["report"]["trace"]
 
 
 def test_stock_vllm_cpu_gives_base_requests_the_adapter(tiny_llama, lora):
     """The bug the kernel's wrapper fixes, pinned (if vLLM fixes it, this test says so)."""
-    rows = one_slot_run(tiny_llama, lora, "--stock")
+    rows = by_adapter(one_slot_run(tiny_llama, lora, "--stock"))
     assert rows["a"] == lora["oracle"]["a"]
     assert rows[None] == rows["a"] != lora["oracle"][None]
 
 
 def test_two_adapters_and_base_in_one_batch_under_cpu_graph(tiny_llama, lora):
-    """2 prompts x (base, a, b): 6 requests decode as one batch padded to the captured 8, LoRA ops in the graph."""
+    """2 prompts x (base, a, b): 6 requests decode as one batch padded to the captured 8, LoRA ops in the graph.
+
+    That they shared batches is read from the step trace: the kernel's punica wrapper counts each batch mapping
+    vLLM sets for a scheduled step by its distinct adapters (vLLM's warm-up and capture adapters not counted).
+    Every one held both adapters and base rows: the prefill step and the decode steps (vLLM sets a mapping again
+    only when the batch changes, so the decode steps after the first add none)."""
     run = generate(tiny_llama, *(f"--lora={n}={p}" for n, p in lora["paths"].items()), "--engine-arg",
                    f"max_lora_rank={RANK}", "--graph-mode", "cpu-graph", "--capture-sizes", "8",
                    max_tokens=MAX_TOKENS, prompts=PROMPTS, env=clean_env(ASCEND_KERNEL_DEVICE="cpu"))
     assert by_adapter(run) == lora["oracle"]
+    trace = run["report"]["trace"]
+    batches = trace["lora_batches"]
+    assert set(batches) == {"2 adapters + base"} and 2 <= batches["2 adapters + base"] <= trace["steps"], trace
     graph = run["report"]["graph"]
     assert graph["captured_sizes"] == [8] and graph["replays"] == {"8": MAX_TOKENS - 1}
 
@@ -147,10 +158,15 @@ def server(tiny_llama, lora, tmp_path_factory) -> Any:
     server.stop()
 
 
-def test_server_serves_each_adapter_and_the_base_model_concurrently(server, lora):
-    """Nine requests sent at once to base, a and b: each answer equals its oracle. Whether the server put them in
-    the same batches is not asserted here (the offline tests above pin mixed batches: one-slot and cpu-graph)."""
+def test_server_serves_each_adapter_and_the_base_model_concurrently_in_shared_batches(server, lora):
+    """Six requests sent at once to base, a and b: each answer equals its oracle, and the server's engine ran
+    requests of both adapters in one batch (its report's ``lora_batches``, read through ``/ascend-kernel/report``:
+    the batch mappings vLLM set for scheduled steps, by distinct adapters)."""
+    import urllib.request
+
     from openai import AsyncOpenAI
+
+    from ascend_kernel.cli.serving import REPORT_PATH
 
     async def all_completions() -> list[Any]:
         async with AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=300) as api:
@@ -164,3 +180,6 @@ def test_server_serves_each_adapter_and_the_base_model_concurrently(server, lora
     answers = iter(asyncio.run(all_completions()))
     for model, name in (("base", None), ("a", "a"), ("b", "b")):
         assert [next(answers).choices[0].token_ids for _ in PROMPTS] == lora["oracle"][name], model
+    with urllib.request.urlopen(f"{server.base_url}{REPORT_PATH}", timeout=60) as response:
+        batches = json.loads(response.read())["trace"]["lora_batches"]
+    assert any(key.startswith("2 adapters") for key in batches), batches

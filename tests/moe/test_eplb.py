@@ -183,7 +183,9 @@ def test_deployments_eplb_cannot_run_are_refused(config, redundant, message):
 
 
 def test_the_communicator_chosen_is_vllms_device_group_one_on_an_npu_and_gloo_on_a_cpu():
-    """The choice only (by vLLM's communicator name); the move itself runs over gloo in test_eplb_transfer.py."""
+    """The choice only (by vLLM's communicator name). The moves themselves: over gloo on host tensors in
+    test_eplb_transfer.py; on the stand-in NPU over its device group (HCCL's stand-in), the communicator built
+    from this choice by vLLM, in tests/npu/test_eplb_device.py."""
     from ascend_kernel_plugins.eplb.admission import communicator_for
 
     unset, _ = eplb_config_of({})

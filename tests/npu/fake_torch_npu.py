@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from npu.standin import NpuTensor, host, npu, on_device
+from npu.standin_hccl import fabric_named
 
 CALLS: list[tuple[str, tuple, dict]] = []
 #: storage formats of the tensors npu_format_cast made (by id of the returned tensor)
@@ -188,38 +189,64 @@ def npu_swiglu(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return npu((torch.nn.functional.silu(a) * b).to(input.dtype))
 
 
+def _mc2_peers(group_ep: str, ep_world_size: int, ep_rank_id: int, value: Any) -> list[Any]:
+    """What every EP rank of ``group_ep`` posted (the kernel's own exchange); one rank: only its own."""
+    _check(isinstance(group_ep, str) and group_ep != "", "group_ep must be the HCCL communicator name")
+    _check(0 <= ep_rank_id < ep_world_size, f"ep_rank_id {ep_rank_id} outside an EP world of {ep_world_size}")
+    if ep_world_size == 1:
+        return [value]
+    fabric = fabric_named(group_ep)
+    _check(fabric is not None, f"no HCCL communicator named {group_ep!r} (not a device group's name)")
+    _check(fabric.world == ep_world_size, f"ep_world_size {ep_world_size} but {group_ep!r} has {fabric.world} ranks")
+    return fabric.exchange(ep_rank_id, value)
+
+
 def npu_moe_distribute_dispatch_v2(x: torch.Tensor, expert_ids: torch.Tensor, group_ep: str, ep_world_size: int,
                                    ep_rank_id: int, moe_expert_num: int, *, scales: Any = None,
                                    x_active_mask: torch.Tensor | None = None, expert_shard_type: int = 0,
                                    shared_expert_num: int = 1, shared_expert_rank_num: int = 0, quant_mode: int = 0,
                                    global_bs: int = 0, expert_token_nums_type: int = 1, **_: Any) -> tuple:
-    """MC2 dispatch, one EP rank (this fake exchanges nothing): pairs grouped by expert, and what combine needs.
+    """MC2 dispatch: every EP rank's active (token, expert) pairs go to the rank owning the expert (expert ``e``
+    on rank ``e // (moe_expert_num / ep_world_size)``); each rank gets its pairs' rows grouped by local expert
+    (then by source rank, then pair), with what combine needs to send them back.
 
     Returns (expand_x, dynamic_scales, assist_info_for_combine, expert_token_nums, ep_recv_counts,
-    tp_recv_counts, expand_scales); ``assist_info_for_combine`` lists each expanded row's pair (token * K + j).
+    tp_recv_counts, expand_scales). The two combine-only outputs are this fake's own forms (the device's differ
+    between SoCs; callers hand them to combine untouched): ``assist_info_for_combine`` gives each row's origin
+    as ``source rank * (BS * K) + pair`` (pair = token * K + j), ``ep_recv_counts[-1]`` the rows received.
     """
     _log("npu_moe_distribute_dispatch_v2", (x, expert_ids, group_ep, ep_world_size, ep_rank_id, moe_expert_num),
          {"x_active_mask": x_active_mask, "global_bs": global_bs, "expert_token_nums_type": expert_token_nums_type})
     on_device(x, expert_ids, x_active_mask)
-    _check(isinstance(group_ep, str) and group_ep != "", "group_ep must be the HCCL communicator name")
-    _check(ep_world_size == 1 and ep_rank_id == 0, "this fake serves one EP rank")
     _check(expert_ids.dtype == torch.int32, f"expert_ids must be int32, got {expert_ids.dtype}")
     _check(x.dtype in (torch.float16, torch.bfloat16), f"x dtype {x.dtype}")
     _check(expert_token_nums_type in (0, 1), "expert_token_nums_type is 0 (running sums) or 1 (counts)")
+    _check(moe_expert_num % ep_world_size == 0, f"{moe_expert_num} experts do not split over {ep_world_size} ranks")
     batch, top_k = expert_ids.shape
-    _check(global_bs in (0, batch) or global_bs >= batch, "global_bs below the batch")
+    _check(global_bs == 0 or global_bs >= batch * ep_world_size, "global_bs below the EP world's batch")
     ids = host(expert_ids).to(torch.int64).reshape(-1)
-    active = host(x_active_mask).repeat_interleave(top_k) if x_active_mask is not None else torch.ones_like(ids, dtype=torch.bool)
-    kept = torch.nonzero(active, as_tuple=True)[0]
-    pairs = kept[torch.argsort(ids[kept], stable=True)]
-    capacity = max(global_bs, batch) * min(moe_expert_num, top_k)
+    _check(bool(((ids >= 0) & (ids < moe_expert_num)).all()), "expert_ids outside 0..moe_expert_num-1")
+    active = (host(x_active_mask).repeat_interleave(top_k) if x_active_mask is not None
+              else torch.ones_like(ids, dtype=torch.bool))
+    posted = _mc2_peers(group_ep, ep_world_size, ep_rank_id, (host(x), ids, active))
+    local = moe_expert_num // ep_world_size
+    stride = batch * top_k
+    rows, origins, counts = [], [], torch.zeros(local, dtype=torch.int64)
+    for e in range(local):
+        for src, (src_x, src_ids, src_active) in enumerate(posted):
+            _check(src_ids.numel() == stride, "every EP rank dispatches the same batch size")
+            pairs = torch.nonzero(src_active & (src_ids == ep_rank_id * local + e), as_tuple=True)[0]
+            rows.append(src_x[pairs // top_k])
+            origins.append(src * stride + pairs)
+            counts[e] += pairs.numel()
+    received = int(counts.sum())
+    capacity = max(global_bs, batch * ep_world_size) * min(local, top_k)
     expand_x = torch.zeros(capacity, x.shape[-1], dtype=x.dtype)
-    expand_x[: pairs.numel()] = host(x)[pairs // top_k]
-    counts = torch.bincount(ids[pairs], minlength=moe_expert_num).to(torch.int64)
-    nums = counts if expert_token_nums_type == 1 else torch.cumsum(counts, 0)
+    expand_x[:received] = torch.cat(rows)
     assist = torch.full((capacity,), -1, dtype=torch.int32)
-    assist[: pairs.numel()] = pairs.to(torch.int32)
-    recv = torch.tensor([pairs.numel()], dtype=torch.int32)
+    assist[:received] = torch.cat(origins).to(torch.int32)
+    nums = counts if expert_token_nums_type == 1 else torch.cumsum(counts, 0)
+    recv = torch.tensor([received], dtype=torch.int32)
     return (npu(expand_x), None, npu(assist), npu(nums), npu(recv), None, npu(torch.ones(capacity)))
 
 
@@ -228,19 +255,25 @@ def npu_moe_distribute_combine_v2(expand_x: torch.Tensor, expert_ids: torch.Tens
                                   ep_world_size: int, ep_rank_id: int, moe_expert_num: int, *,
                                   tp_send_counts: Any = None, x_active_mask: torch.Tensor | None = None,
                                   expand_scales: Any = None, global_bs: int = 0, **_: Any) -> torch.Tensor:
-    """MC2 combine, one EP rank: ``out[t] = sum_j expert_scales[t, j] * expand_x[row of pair (t, j)]``."""
+    """MC2 combine: each row goes back to its source rank, which sums
+    ``out[t] = sum_j expert_scales[t, j] * (row of pair (t, j))`` over the rows every rank sends it."""
     _log("npu_moe_distribute_combine_v2", (expand_x, expert_ids, assist_info_for_combine, ep_send_counts,
-                                           expert_scales, group_ep), {"global_bs": global_bs})
+                                           expert_scales, group_ep, ep_world_size, ep_rank_id),
+         {"global_bs": global_bs})
     on_device(expand_x, expert_ids, assist_info_for_combine, ep_send_counts, expert_scales, x_active_mask,
               expand_scales)
-    _check(isinstance(group_ep, str) and group_ep != "", "group_ep must be the HCCL communicator name")
     _check(expert_scales.dtype == torch.float32, f"expert_scales must be float32, got {expert_scales.dtype}")
     batch, top_k = expert_ids.shape
     rows = int(host(ep_send_counts)[-1])
-    pairs = host(assist_info_for_combine)[:rows].to(torch.int64)
-    weights = host(expert_scales).reshape(-1)[pairs].double().unsqueeze(-1)
+    mine = (host(assist_info_for_combine)[:rows].to(torch.int64), host(expand_x)[:rows].double())
+    posted = _mc2_peers(group_ep, ep_world_size, ep_rank_id, mine)
+    stride = batch * top_k
     out = torch.zeros(batch, expand_x.shape[-1], dtype=torch.float64)
-    out.index_add_(0, pairs // top_k, host(expand_x)[:rows].double() * weights)
+    scales = host(expert_scales).reshape(-1).double()
+    for origins, values in posted:
+        back = origins // stride == ep_rank_id
+        pairs = origins[back] % stride
+        out.index_add_(0, pairs // top_k, values[back] * scales[pairs].unsqueeze(-1))
     return npu(out.to(expand_x.dtype))
 
 

@@ -17,6 +17,9 @@ which
   HCCL through the device group; vLLM's ``cpu_group`` is gloo),
 * otherwise runs the op on the host tensors and wraps the result.
 
+A device tensor's ``untyped_storage()`` is its host tensor's storage (the
+memory behind it; views share it): what sleep mode frees and regrows.
+
 Factory ops asked for ``device="npu"`` are served by PrivateUse1 kernels
 registered here. Copies to and from the CPU (``.to``, ``.cpu()``, ``copy_``)
 are allowed, as on any device.
@@ -131,6 +134,12 @@ class NpuTensor(torch.Tensor):
     def tolist(self) -> Any:  # a device-to-host read, as .tolist() is on a device
         return self.host.tolist()
 
+    def untyped_storage(self) -> torch.UntypedStorage:
+        """The memory behind this device tensor: its host tensor's storage, shared by its views as a device
+        storage is, so that sleep mode's pools can free (``resize_(0)``) and regrow it. The storage's own
+        ``device`` says cpu: torch's Python backend API gives the stand-in no device allocator."""
+        return self.host.untyped_storage()
+
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -168,6 +177,15 @@ def _empty_strided(size: Any, stride: Any, dtype: Any = None, layout: Any = None
     return NpuTensor(torch.empty_strided(size, stride, dtype=dtype))
 
 
+def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """A copy into a device tensor that bypasses ``__torch_dispatch__``: ``torch.tensor(data, device="npu")``
+    builds the host tensor and copies it with the Python dispatch key excluded, which lands here."""
+    source = src.host if isinstance(src, NpuTensor) else src
+    target = dst.host if isinstance(dst, NpuTensor) else dst
+    target.copy_(source, non_blocking=non_blocking)
+    return dst
+
+
 @functools.cache
 def install() -> StandinNpuModule:
     """Register the stand-in device once per process; returns its ``torch.npu`` module."""
@@ -184,6 +202,7 @@ def install() -> StandinNpuModule:
     lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - the stand-in's factory kernels
     lib.impl("empty.memory_format", _empty, "PrivateUse1")
     lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+    lib.impl("_copy_from", _copy_from, "PrivateUse1")
     install.library = lib  # type: ignore[attr-defined]  # kept alive: a dropped Library unregisters its kernels
     return module
 

@@ -63,38 +63,39 @@ def test_int8_linear_runs_on_the_device(npu_ops, static, zero_point, dtype):
         assert "npu_trans_quant_param" in names
 
 
-class _GlooCpuGroup:
-    """vLLM's TP ``cpu_group`` on a two-rank gloo group whose other rank holds the same shard."""
-
-    world_size = 2
-
-
 def test_row_parallel_sums_use_the_gloo_group_with_host_tensors(npu_ops, monkeypatch):
-    """Bug 1: the row sums of a row-parallel static layer were all-reduced on gloo as device tensors."""
+    """Bug 1: the row sums of a row-parallel static layer were all-reduced on gloo as device tensors.
+
+    Two TP ranks (threads of this process) on a real two-rank gloo group (torch's ``ProcessGroupGloo`` over an
+    in-memory store), each holding its own shard of the input dimension: both get the whole weight's row sums,
+    on the device. Gloo itself refuses a device tensor (as it would an NPU one), so the sums must cross on the
+    host."""
+    import threading
+
     import torch.distributed as dist
     import vllm.distributed
     from vllm.model_executor.layers.linear import RowParallelLinear
 
     from ascend_kernel_plugins.quantization.int8_linear import full_row_sums
 
-    group = _GlooCpuGroup()
-    seen = []
+    from npu.standin_hccl import run_ranks
 
-    def gloo_all_reduce(tensor, op=None, group=None, async_op=False):
-        assert group is not None and isinstance(group, _GlooCpuGroup)
-        if tensor.device.type != "cpu":  # what ProcessGroupGloo answers for a tensor of another device
-            raise RuntimeError(f"ProcessGroupGloo::allreduce: unsupported device type {tensor.device.type}")
-        seen.append(tensor.device.type)
-        tensor.mul_(group.world_size)
-
-    monkeypatch.setattr(dist, "all_reduce", gloo_all_reduce)
-    monkeypatch.setattr(vllm.distributed, "get_tp_group", lambda: type("TP", (), {"cpu_group": group})())
-    layer = RowParallelLinear.__new__(RowParallelLinear)
-    object.__setattr__(layer, "tp_size", 2)
     weight = torch.randint(-127, 128, (6, 10), generator=torch.Generator().manual_seed(3), dtype=torch.int8)
-    sums = full_row_sums(layer, npu(weight))
-    assert seen == ["cpu"] and sums.device == DEVICE
-    assert torch.equal(host(sums), 2 * weight.to(torch.int64).sum(dim=1))
+    store, mine = dist.HashStore(), threading.local()
+    monkeypatch.setattr(vllm.distributed, "get_tp_group", lambda: mine.tp)
+
+    def rank(r: int):
+        mine.tp = type("TP", (), {"cpu_group": dist.ProcessGroupGloo(store, r, 2)})()
+        layer = RowParallelLinear.__new__(RowParallelLinear)
+        object.__setattr__(layer, "tp_size", 2)
+        sums = full_row_sums(layer, npu(weight[:, r * 5:(r + 1) * 5]))
+        with pytest.raises(RuntimeError, match="unsupported device type npu"):
+            dist.all_reduce(npu(torch.ones(2, dtype=torch.int64)), group=mine.tp.cpu_group)
+        return sums
+
+    for sums in run_ranks(2, rank):
+        assert sums.device == DEVICE
+        assert torch.equal(host(sums), weight.to(torch.int64).sum(dim=1))
 
 
 def test_the_standin_refuses_a_collective_on_device_tensors():

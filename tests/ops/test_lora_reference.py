@@ -185,3 +185,31 @@ def test_wrapper_logits_leave_base_requests_alone(kernel, data):
         want = data["y"][row] if slot < 0 else \
             data["y"][row] + (data["x"][row] @ data["a"][slot, 0].T) @ data["b"][slot, 0].T
         torch.testing.assert_close(y[row], want)
+
+
+def test_the_wrappers_batch_count_takes_the_runners_batch_and_not_vllms_dummy_adapters(monkeypatch):
+    """What ``lora_batches`` counts (tests/e2e/test_lora.py reads it): the runner's batch, by distinct adapters.
+
+    vLLM's warm-up and capture set mappings of dummy adapters (ids 1..max_loras, no base row) while the
+    runner's batch holds no request, or other requests: neither is counted."""
+    import types
+
+    import numpy as np
+    from vllm.lora.layers.utils import LoRAMapping
+
+    from ascend_kernel.ops import lora_punica
+    from ascend_kernel.runner import kernel_runner
+    from ascend_kernel.step import StepTrace
+
+    batch = types.SimpleNamespace(num_reqs=0, request_lora_mapping=np.array([0, 2, 1, 0, 0, 0], dtype=np.int32))
+    runner = types.SimpleNamespace(input_batch=batch, kernel_trace=StepTrace())
+    monkeypatch.setattr(kernel_runner.LIVE, "outcome", kernel_runner.StepOutcome(None, "", False, None, runner))
+    lora_punica._count_batch(LoRAMapping((1, 2, 1), (1, 2, 1), is_prefill=True))  # a warm-up: no request yet
+    batch.num_reqs = 3
+    lora_punica._count_batch(LoRAMapping((1, 2), (1, 2), is_prefill=True))  # dummy adapters beside a real batch
+    assert runner.kernel_trace.counters == {}
+    lora_punica._count_batch(LoRAMapping((0, 0, 2, 1), (0, 2, 1), is_prefill=True))
+    batch.num_reqs = 1
+    lora_punica._count_batch(LoRAMapping((0,), (0,), is_prefill=True))
+    assert runner.kernel_trace.as_dict()["lora_batches"] == {"2 adapters + base": 1, "0 adapters + base": 1}
+    assert lora_punica.batch_composition([1, 1]) == "1 adapter"
