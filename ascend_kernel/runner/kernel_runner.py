@@ -197,6 +197,9 @@ class KernelRunnerMixin:
     def _prepare_inputs(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray):
         out = self._vllm_prepare_inputs(scheduler_output, num_scheduled_tokens)  # type: ignore[attr-defined]
         self._kernel_step(scheduler_output, num_scheduled_tokens)
+        metadata = scheduler_output.ec_manager_metadata  # a plugin's encoder cache manager sends its counts
+        if metadata is not None and hasattr(metadata, "count_into"):
+            metadata.count_into(self.kernel_trace)
         return out
 
     def _kernel_step(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray) -> None:
