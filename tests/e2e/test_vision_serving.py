@@ -12,7 +12,9 @@ base64 PNG data URLs:
 
 The oracle is transformers' processor and model on the same pixels (prompt ids, placeholder expansion
 included, and greedy tokens). Bad requests get HTTP 400 naming the problem and the server keeps serving:
-undecodable image bytes, more images than the limit, an image URL to a remote host (no network here).
+undecodable image bytes, more images than the limit, an image URL to a remote host (no network here), a
+local file outside ``--allowed-local-media-path``, an aspect ratio Qwen's processor refuses; a local file
+inside it is answered as its data URL is.
 An image for a text-only model is tests/e2e/test_serving.py's tiny-Llama server's case.
 """
 
@@ -67,10 +69,18 @@ def chat_body(model: Path, urls: list[str], message: str) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def server(vlm: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def media(tmp_path_factory: pytest.TempPathFactory, pictures: dict[str, Any]) -> Path:
+    """The server's ``--allowed-local-media-path``, holding the first picture as a PNG file."""
+    folder = tmp_path_factory.mktemp("media")
+    pictures["a"].save(folder / "a.png", format="PNG")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(vlm: Path, media: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     started = time.perf_counter()
     server = start_server(vlm, tmp_path_factory.mktemp("serve-vlm") / "server.log",
-                          "--max-num-batched-tokens", str(CHUNK),
+                          "--max-num-batched-tokens", str(CHUNK), "--allowed-local-media-path", str(media),
                           "--limit-mm-per-prompt", json.dumps({"image": LIMIT, "video": 0}))
     print(f"VLM server ready in {time.perf_counter() - started:.1f} s")
     yield server
@@ -120,9 +130,15 @@ def test_an_images_placeholders_are_split_by_the_chunked_prefill(served: dict[st
 
 
 def test_bad_image_requests_get_400_and_the_server_keeps_serving(server: Any, vlm: Path, pictures: dict[str, Any],
+                                                                  media: Path, tmp_path: Path,
                                                                   oracle) -> None:  # noqa: ANN001
     good = data_url(pictures["a"])
+    outside = tmp_path / "outside.png"
+    pictures["a"].save(outside, format="PNG")
     cases = {
+        "a local file outside --allowed-local-media-path": ([outside.as_uri()], "allowed-local-media-path"),
+        # vLLM names the processor and the image's size, not the processor's reason (an aspect ratio over 200)
+        "an aspect ratio the processor refuses": ([data_url(make_image(2, 4000, 16))], "size=4000x16"),
         "undecodable bytes": ([f"data:image/png;base64,{base64.b64encode(b'not a PNG at all').decode()}"],
                               "image"),
         "more images than the limit": ([good] * (LIMIT + 1), f"At most {LIMIT} image"),
@@ -133,5 +149,6 @@ def test_bad_image_requests_get_400_and_the_server_keeps_serving(server: Any, vl
         assert status == 400, (name, status, text[:500])
         assert named in json.loads(text)["error"]["message"], (name, text[:500])
     assert http(server, "GET", "/health", key=None)[0] == 200
-    status, text = http(server, "POST", "/v1/chat/completions", chat_body(vlm, [good], Q1))
-    assert status == 200 and json.loads(text)["choices"][0]["token_ids"] == oracle[0][1]
+    # the first picture again, as a local file the server may read: the same answer as its data URL
+    status, text = http(server, "POST", "/v1/chat/completions", chat_body(vlm, [(media / "a.png").as_uri()], Q1))
+    assert status == 200 and json.loads(text)["choices"][0]["token_ids"] == oracle[0][1], text[:500]
