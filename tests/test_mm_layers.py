@@ -157,3 +157,14 @@ def test_the_counting_manager_is_named_for_multimodal_decoder_models_only() -> N
     assert install(vlm) == []  # already named
     for other in (config(False), config(True, encoder_decoder=True), config(True, named="my.Manager")):
         assert install(other) == [] and other.ec_manager_config.encoder_cache_manager_cls in (None, "my.Manager")
+
+
+def test_the_text_report_says_the_encoder_counts() -> None:
+    from ascend_kernel.cli.render import report_text
+
+    trace = {"steps": 3, "attention_states": {}, "moe_methods": {}, "sampler_calls": 3, "rejection_sampler_calls": 0,
+             "drafter_calls": 0}
+    report = {"device": "cpu", "decisions": [], "trace": {**trace, "encoder": {"encoder_runs": 2,
+                                                                                 "encoder_cache_hits": 1}}}
+    assert "vision encoder: 2 runs, 1 encoder-cache hits" in report_text(report)
+    assert "vision encoder" not in report_text({**report, "trace": trace})
