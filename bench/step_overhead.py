@@ -229,7 +229,7 @@ def _synthetic_decision_us(worker: Any, batches: list[int], loops: int) -> dict[
                 runner.input_batch = SimpleNamespace(num_reqs=b, num_computed_tokens_cpu=computed, req_ids=ids)
                 so = SimpleNamespace(scheduled_spec_decode_tokens={}, total_num_scheduled_tokens=total,
                                      scheduled_new_reqs=new, scheduled_cached_reqs=cached,
-                                     num_scheduled_tokens=dict.fromkeys(ids, per_request))
+                                     num_scheduled_tokens=dict.fromkeys(ids, per_request), ec_manager_metadata=None)
                 # the class's method, bound (whatever sits on the instance), and the platform's hook
                 step = type(runner)._kernel_step.__get__(runner)
                 hook = type(current_platform).set_additional_forward_context

@@ -106,3 +106,65 @@ def test_encoder_attention_decision_is_recorded_for_multimodal_models(layer_ops:
     assert decision.chosen == layer_ops and "layer_ops" in decision.forced_by
     assert {c.name: c.chosen for c in decision.candidates} == {"ascend": layer_ops == "ascend",
                                                                 "vllm-native": layer_ops != "ascend"}
+
+
+def _request(request_id: str, hashes: list[str], embeds: int = 4) -> SimpleNamespace:
+    """What vLLM's EncoderCacheManager reads of a request: its id, its items' hashes and embedding counts."""
+    return SimpleNamespace(request_id=request_id, mm_features=[SimpleNamespace(identifier=h) for h in hashes],
+                           get_num_encoder_embeds=lambda i: embeds)
+
+
+def test_counting_encoder_cache_manager_answers_as_vllms_and_counts_runs_and_hits() -> None:
+    """vLLM's own manager, fed the same calls, is the oracle for every answer; the counts are the kernel's."""
+    from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
+
+    from ascend_kernel.step import StepTrace
+    from ascend_kernel_plugins.layers.encoder_cache import CountingEncoderCacheManager
+
+    ours, theirs = CountingEncoderCacheManager.create_manager(cache_size=64, vllm_config=None), EncoderCacheManager(64)
+    one, two = _request("r1", ["a", "a"]), _request("r2", ["a", "b"])
+
+    def both(method: str, request: SimpleNamespace, item: int) -> object:
+        answer = getattr(ours, method)(request, item)
+        assert answer == getattr(theirs, method)(request, item)
+        return answer
+
+    assert both("check_and_update_cache", one, 0) is False
+    both("allocate", one, 0)  # r1 encodes a
+    assert both("check_and_update_cache", one, 0) is True  # r1's next chunk of its own image: no hit
+    assert both("check_and_update_cache", one, 1) is True  # the same image again in r1: served from the cache
+    assert both("check_and_update_cache", two, 0) is True  # r2 reuses r1's a
+    assert both("check_and_update_cache", two, 1) is False
+    both("allocate", two, 1)
+    trace = StepTrace()
+    ours.get_manager_metadata().count_into(trace)
+    assert trace.as_dict()["encoder"] == {"encoder_runs": 2, "encoder_cache_hits": 2}
+    assert theirs.get_manager_metadata() is None  # vLLM's sends nothing: the runner skips the step's counts
+
+
+def test_the_counting_manager_is_named_for_multimodal_decoder_models_only() -> None:
+    from ascend_kernel_plugins.layers.encoder_cache import install
+
+    def config(multimodal: bool, encoder_decoder: bool = False, named: str | None = None) -> SimpleNamespace:
+        return SimpleNamespace(model_config=SimpleNamespace(is_multimodal_model=multimodal,
+                                                            is_encoder_decoder=encoder_decoder),
+                               ec_manager_config=SimpleNamespace(encoder_cache_manager_cls=named))
+
+    vlm = config(True)
+    [made] = install(vlm)
+    assert made.path == "ec_manager_config.encoder_cache_manager_cls" and made.old is None
+    assert vlm.ec_manager_config.encoder_cache_manager_cls.endswith("encoder_cache.CountingEncoderCacheManager")
+    assert install(vlm) == []  # already named
+    for other in (config(False), config(True, encoder_decoder=True), config(True, named="my.Manager")):
+        assert install(other) == [] and other.ec_manager_config.encoder_cache_manager_cls in (None, "my.Manager")
+
+
+def test_the_text_report_says_the_encoder_counts() -> None:
+    from ascend_kernel.cli.render import report_text
+
+    trace = {"steps": 3, "attention_states": {}, "moe_methods": {}, "sampler_calls": 3, "rejection_sampler_calls": 0,
+             "drafter_calls": 0}
+    report = {"device": "cpu", "decisions": [], "trace": {**trace, "encoder": {"encoder_runs": 2,
+                                                                                 "encoder_cache_hits": 1}}}
+    assert "vision encoder: 2 runs, 1 encoder-cache hits" in report_text(report)
+    assert "vision encoder" not in report_text({**report, "trace": trace})

@@ -84,7 +84,7 @@ def scheduler_output(computed: list[int], scheduled: list[int], drafts: dict, rn
         scheduled_cached_reqs=SimpleNamespace(req_ids=[r for r, _ in cached],
                                               num_computed_tokens=[c for _, c in cached]),
         num_scheduled_tokens={f"r{i}": s for i, s in enumerate(scheduled)},
-        total_num_scheduled_tokens=sum(scheduled), scheduled_spec_decode_tokens=drafts)
+        total_num_scheduled_tokens=sum(scheduled), scheduled_spec_decode_tokens=drafts, ec_manager_metadata=None)
 
 
 def random_step(rng: random.Random, max_reqs: int = 6):
@@ -161,6 +161,22 @@ def test_outside_a_step_the_platform_publishes_no_state():
     assert KernelPlatformMixin.set_additional_forward_context(num_tokens=8) == \
         {"ascend_attn_state": None, "moe_comm_method": None}
     assert kernel_runner.current_trace() is None and kernel_runner.current_attn_state() is None
+
+
+def test_the_encoder_cache_managers_counts_reach_the_trace_with_the_step():
+    """A multimodal model's scheduler sends its encoder counts (totals) with each step; the last ones stand."""
+    from ascend_kernel_plugins.layers.encoder_cache import EncoderCounts
+
+    runner = harness(POLICIES["chunked"], DenseMoEPolicy())
+    rng = random.Random(7)
+    runner.input_batch = SimpleNamespace(num_reqs=1, num_computed_tokens_cpu=np.zeros(4, dtype=np.int32),
+                                         req_ids=["r0"])
+    assert "encoder" not in runner.kernel_trace.as_dict()  # vLLM's own manager sends None
+    for runs, hits in ((1, 0), (2, 1)):
+        so = scheduler_output([0], [4], {}, rng)
+        so.ec_manager_metadata = EncoderCounts(runs, hits)
+        runner._kernel_step(so, np.array([4], dtype=np.int32))
+    assert runner.kernel_trace.as_dict()["encoder"] == {"encoder_runs": 2, "encoder_cache_hits": 1}
 
 
 def test_a_model_with_experts_gets_a_method_per_forward_pass():

@@ -35,3 +35,31 @@ def shared_tiny_vlm(tmp_path_factory: Any, arch: str) -> Path:
     from ascend_kernel.models import create_tiny_model
 
     return create_tiny_model(arch, tmp_path_factory.getbasetemp() / "shared-vlm" / arch)
+
+
+def chat_parts(count: int, message: str) -> list[dict[str, Any]]:
+    """A user turn's content for transformers' chat template: ``count`` image parts, then the message."""
+    return [{"type": "image"} for _ in range(count)] + [{"type": "text", "text": message}]
+
+
+def transformers_greedy(model: Path, requests: list[tuple[list[Any], str]],
+                        max_tokens: int) -> list[tuple[list[int], list[int]]]:
+    """The oracle: (prompt ids, greedy tokens) of transformers' processor and model for each ``(images, message)``
+    (images as paths or PIL images), one user turn through the chat template, no end-of-sequence stop."""
+    import torch
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model)
+    hf = AutoModelForImageTextToText.from_pretrained(model, dtype=torch.float32).eval()
+    out = []
+    for images, message in requests:
+        text = processor.apply_chat_template([{"role": "user", "content": chat_parts(len(images), message)}],
+                                             add_generation_prompt=True, tokenize=False)
+        pixels = [Image.open(i).convert("RGB") if isinstance(i, (str, Path)) else i.convert("RGB") for i in images]
+        batch = processor(text=[text], images=pixels, return_tensors="pt")
+        with torch.no_grad():
+            ids = hf.generate(**batch, max_new_tokens=max_tokens, do_sample=False, eos_token_id=None)
+        prompt = batch["input_ids"][0].tolist()
+        out.append((prompt, ids[0, len(prompt):].tolist()))
+    return out

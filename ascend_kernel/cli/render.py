@@ -43,6 +43,9 @@ def report_text(report: dict[str, Any] | None) -> str:
         parts.append(f"step trace: {t['steps']} steps, attention states {t['attention_states']}, "
                      f"MoE methods {t['moe_methods'] or '-'}, sampler calls {t['sampler_calls']}, "
                      f"rejection-sampler calls {t['rejection_sampler_calls']}, drafter calls {t['drafter_calls']}")
+        if t.get("encoder"):  # a multimodal model (plugins/layers/encoder_cache.py)
+            parts.append(f"vision encoder: {t['encoder']['encoder_runs']} runs, "
+                         f"{t['encoder']['encoder_cache_hits']} encoder-cache hits")
     graph = report.get("graph") or {}
     if graph.get("captured_sizes"):
         parts.append(f"graph: {graph['mode']}, captured {graph['captured_sizes']} in {graph['capture_s']} s, "

@@ -131,7 +131,10 @@ def main(argv: Sequence[str]) -> int:
         from ascend_kernel.cli.liveness import start_heartbeat
 
         start_heartbeat(args)  # a --headless DP node beats to the API node's liveness watch (cli/liveness.py)
-        command.cmd(args)
+        from ascend_kernel.cli.media import connector_selected
+
+        with connector_selected():  # an image host the server cannot reach: HTTP 400 (cli/media.py)
+            command.cmd(args)
     except Exception as exc:  # start-up failures become one paragraph (others re-raised)
         error = kernel_error_in(exc)
         if error is not None:

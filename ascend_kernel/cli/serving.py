@@ -103,6 +103,9 @@ class KernelReportMiddleware:
     """
 
     def __init__(self, app: Any) -> None:
+        from ascend_kernel.cli.media import register
+
+        register()  # the kernel's media connector, in every API-server process (``serve`` selects it by name)
         self.app = app
         self._verifier: Any = None  # vLLM's AuthenticationMiddleware, for its token check (built on first use)
         self._tokens_read = False

@@ -207,7 +207,8 @@ class KernelRunnerMixin:
         (:func:`facts_of_schedule`); any other gets a :class:`StepBatch`. With
         the platform's forward-context hook this is the kernel's whole
         per-step cost (``bench/step_overhead.py`` times it inside a live
-        engine): a lookup, one slot written, one slot counted.
+        engine): a lookup, one slot written, one slot counted, and one attribute read: the counts a plugin's
+        encoder cache manager sends with the step (None but for a multimodal model), written into the trace.
         """
         table = self._outcome_by_facts
         if table is not None:
@@ -217,6 +218,9 @@ class KernelRunnerMixin:
             outcome = self._outcome_of(state)
         LIVE.outcome = outcome
         outcome.steps += 1
+        metadata = scheduler_output.ec_manager_metadata
+        if metadata is not None and hasattr(metadata, "count_into"):
+            metadata.count_into(self.kernel_trace)
 
     def _step_batch(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray) -> StepBatch:
         """The step's batch from what vLLM already computed (its facts are sums; see StepBatch.of_step)."""

@@ -65,11 +65,14 @@ def _native_supported(ctx: Any) -> str | None:
 
 @hookimpl
 def ascend_kernel_configure(settings: Any, vllm_config: Any, device: Any) -> list[Any]:
-    """The layers' config changes: the seam layers enabled under compilation; the encoder attention's backend."""
+    """The layers' config changes: the seam layers enabled under compilation; the encoder attention's backend;
+    the counting encoder cache manager (:mod:`.encoder_cache`)."""
+    from ascend_kernel_plugins.layers import encoder_cache
     from ascend_kernel_plugins.layers.encoder_attention import reset_backend
 
     return [*_compile_seam_layers(settings, vllm_config, device),
-            *reset_backend(settings, vllm_config, getattr(device, "kind", "cpu"))]
+            *reset_backend(settings, vllm_config, getattr(device, "kind", "cpu")),
+            *encoder_cache.install(vllm_config)]
 
 
 def _compile_seam_layers(settings: Any, vllm_config: Any, device: Any) -> list[Any]:

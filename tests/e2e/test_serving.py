@@ -12,6 +12,7 @@ one stops any other this module started.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 import time
@@ -183,9 +184,25 @@ def test_bad_requests_get_4xx_and_the_server_stays_healthy(server, tiny_llama, o
         status, text = http(server, "POST", "/v1/completions", payload)
         assert status == wanted, (name, status, text[:300])
         assert "error" in json.loads(text), (name, text[:300])
+    # an image for this text-only model (the vision-language cases: tests/e2e/test_vision_serving.py)
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(_png()).decode()}}
+    chat = {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": [image, {"type": "text",
+                                                                                            "text": "hello"}]}]}
+    status, text = http(server, "POST", "/v1/chat/completions", json.dumps(chat).encode())
+    assert status == 400 and "is not a multimodal model" in json.loads(text)["error"]["message"], text[:500]
     assert http(server, "GET", "/health", key=None)[0] == 200
     (answer,) = asyncio.run(complete_all(server, model, PROMPTS[:1]))
     assert answer.choices[0].token_ids == offline[PROMPTS[0]]["tokens"]
+
+
+def _png() -> bytes:
+    import io
+
+    from tests.vlm_inputs import make_image
+
+    buffer = io.BytesIO()
+    make_image(0, 56, 56).save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def test_kv_cache_usage_is_zero_after_the_load(server, tiny_llama):

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import clean_env, run_cli
-from tests.vlm_inputs import shared_tiny_vlm, write_image
+from tests.vlm_inputs import shared_tiny_vlm, transformers_greedy, write_image
 
 MAX_TOKENS = 8
 Q1, Q2 = "What is in the picture?", "Compare the two pictures."
@@ -60,22 +60,7 @@ def run(vlm: Path, images: dict[str, Path]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def oracle(vlm: Path, images: dict[str, Path]) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, greedy tokens) of transformers' processor and model, per request."""
-    import torch
-    from PIL import Image
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    processor = AutoProcessor.from_pretrained(vlm)
-    model = AutoModelForImageTextToText.from_pretrained(vlm, dtype=torch.float32).eval()
-    out = []
-    for paths, message in _scenario(images)[:2]:  # the third request is the second again
-        parts = [{"type": "image"} for _ in paths] + [{"type": "text", "text": message}]
-        text = processor.apply_chat_template([{"role": "user", "content": parts}], add_generation_prompt=True,
-                                             tokenize=False)
-        batch = processor(text=[text], images=[Image.open(p).convert("RGB") for p in paths], return_tensors="pt")
-        with torch.no_grad():
-            ids = model.generate(**batch, max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None)
-        prompt = batch["input_ids"][0].tolist()
-        out.append((prompt, ids[0, len(prompt):].tolist()))
+    out = transformers_greedy(vlm, _scenario(images)[:2], MAX_TOKENS)  # the third request is the second again
     return [*out, out[1]]
 
 
@@ -96,6 +81,11 @@ def test_repeated_images_hit_the_prefix_cache_and_the_encoder_runs_less(run: dic
     assert built["MMEncoderAttention"] == 2 and built["MRotaryEmbedding"] >= 1
     images_sent = sum(len(paths) for paths, _ in _scenario({"a": Path("a"), "b": Path("b")}))
     assert 1 <= built["encoder_passes"] < images_sent, built
+    # counted where vLLM's scheduler decides them (plugins/layers/encoder_cache.py): the encoder ran once per
+    # distinct image; request 2 took image a from the encoder cache, request 3 image b (the part of it past
+    # the cached prefix; image a lies wholly inside the prefix-cache hit and needs neither)
+    assert run["report"]["trace"]["encoder"] == {"encoder_runs": 2, "encoder_cache_hits": 2}
+    assert any(c["path"] == "ec_manager_config.encoder_cache_manager_cls" for c in run["report"]["config_changes"])
 
 
 def test_the_encoder_attention_decision_is_recorded(run: dict[str, Any]) -> None:
