@@ -61,7 +61,7 @@ class SeamLayerOps:
         from ascend_kernel_plugins.layers import mm_layers, seam_layers
 
         replaced = [*seam_layers.REPLACEMENTS, *mm_layers.REPLACEMENTS]
-        if _shards_tokens(kernel_mod.current()):
+        if _shards_tokens(kernel_mod.current_or_none()):
             replaced.append("RowParallelLinear")
         described = {"replaced": sorted(replaced),
                      "layers_built": {**seam_layers.built_counts(), **mm_layers.built_counts()}}
@@ -76,7 +76,7 @@ _MARKED: dict[str, int] = {}
 
 def _shards_tokens(kernel: Any) -> bool:
     """Whether the chosen TP-communication policy runs sequence parallel (its layers must be built and marked)."""
-    plan = kernel.plan
+    plan = kernel.plan if kernel is not None else None
     return plan is not None and bool(getattr(plan.tp_comm, "shards_tokens", False))
 
 
