@@ -53,6 +53,8 @@ GLOBAL_FAMILIES: tuple[Family, ...] = (
     Family("rejection_sampler", "ascend_kernel_rejection_samplers", "rejection_sampler", optional=True),
     Family("graph", "ascend_kernel_graph_modes", "graph_mode"),
     Family("layer_ops", "ascend_kernel_layer_ops", "layer_ops"),
+    # last: a TP-communication policy reads the chosen layers, MoE policy and graph mode (hookspecs_tp.py)
+    Family("tp_comm", "ascend_kernel_tp_comm_policies", "tp_comm"),
 )
 #: Families whose every supported implementation is built, a named table that
 #: a chosen object of another family picks from per batch (MoE comm methods,
@@ -93,6 +95,7 @@ class KernelPlan:
     graph: Any
     layer_ops: Any
     quantization: Any = None
+    tp_comm: Any = None
     tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def objects(self) -> list[Any]:

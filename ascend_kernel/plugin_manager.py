@@ -26,7 +26,7 @@ from typing import Any, Iterable
 
 import pluggy
 
-from ascend_kernel import hookspecs
+from ascend_kernel import hookspecs, hookspecs_tp
 from ascend_kernel.entry_points import (
     BUILTIN_DISTRIBUTION,
     SETTINGS_HOOK,
@@ -81,6 +81,7 @@ class KernelPluginManager:
         self.settings = settings
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
+        self.pm.add_hookspecs(hookspecs_tp)
         self.infos: list[PluginInfo] = []
         self._entry_points: dict[str, str] = {}
         if settings.trace_plugins:
@@ -133,9 +134,7 @@ class KernelPluginManager:
                 info.detail = "ASCEND_KERNEL_DISABLE_PLUGINS" if name in deny else "not in ASCEND_KERNEL_PLUGINS"
                 continue
             self._register(module, name, where)
-            info.hooks = sorted(
-                hc.name for hc in self.pm.get_hookcallers(module) or []
-            )
+            info.hooks = sorted(hc.name for hc in self.pm.get_hookcallers(module) or [])
         self._check_pending()
         self._check_settings_declared()
         unknown = (allow or set()) - set(seen)

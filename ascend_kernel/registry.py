@@ -163,9 +163,7 @@ def choose(
             )
         chosen, forced_by = match, f"setting {forcing_setting}={forced}"
     else:
-        supported = sorted(
-            (e for e in entries if reasons[e.name] is None), key=lambda e: e.priority, reverse=True
-        )
+        supported = sorted((e for e in entries if reasons[e.name] is None), key=lambda e: e.priority, reverse=True)
         if not supported:
             tried = "; ".join(f"{e.name} ({e.origin}): {reasons[e.name]}" for e in entries)
             if optional:

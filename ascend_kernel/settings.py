@@ -105,9 +105,7 @@ class KernelSettings(BaseSettings):
     and the object is also an instance of each plugin's model.
     """
 
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True
-    )
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True)
     #: field name -> the plugin that declared it (core fields are absent)
     owners: ClassVar[Mapping[str, str]] = {}
     #: the (plugin name, settings model) pairs this class was composed from
@@ -130,9 +128,7 @@ class KernelSettings(BaseSettings):
     plugins: NameList = Field(
         None, description="Allowlist of plugin names (comma separated); unset means all installed plugins."
     )
-    disable_plugins: NameList = Field(
-        (), description="Denylist of plugin names (comma separated)."
-    )
+    disable_plugins: NameList = Field((), description="Denylist of plugin names (comma separated).")
     trace_plugins: bool = Field(False, description="Log every pluggy hook call (start-up only; the decode loop makes none).")
 
     # -- family-forcing names (auto = highest-priority supported implementation)

@@ -36,7 +36,7 @@ def test_plugins_json_lists_separate_builtins(capsys):
     families = {impl.split(":")[0] for p in builtins for impl in p["implementations"]}
     assert families == {"attention_backend", "attention_state", "attention_mask", "moe_comm", "moe_comm_method",
                         "drafter", "sampler", "quantization",
-                        "rejection_sampler", "graph", "layer_ops", "kv_cache", "fusion_pass"}
+                        "rejection_sampler", "graph", "layer_ops", "kv_cache", "fusion_pass", "tp_comm"}
 
 
 def test_disabled_plugin_shows_and_loses_its_implementations(capsys, monkeypatch):

@@ -26,13 +26,13 @@ from ascend_kernel.settings import ENV_PREFIX, load_settings
 from fake_plugins import install  # noqa: F401 - the fixture
 
 THIRDPARTY = Path(__file__).resolve().parent / "thirdparty"
-ESSENTIAL = ("attention", "graph", "kv-cache-standard", "layers", "sampling")
+ESSENTIAL = ("attention", "graph", "kv-cache-standard", "layers", "sampling", "tp-comm")
 BUILTINS = (
     "attention", "config-fixups", "eplb", "eplb-policies", "fusion", "graph", "kv-cache-int8-bsh", "kv-cache-mamba",
     "kv-cache-mla", "kv-cache-sfa",
     "kv-cache-standard", "kv-cache-vllm-views", "kv-transfer", "layers", "moe-comm", "moe-comm-allgather", "moe-comm-alltoall",
     "moe-comm-mc2", "moe-comm-naive-multicast", "quantization", "sampling", "sleep-mode", "spec-decode-draft-model",
-    "spec-decode-eagle", "spec-decode-mtp", "spec-decode-ngram", "spec-decode-vllm", "vllm-ascend-keys",
+    "spec-decode-eagle", "spec-decode-mtp", "spec-decode-ngram", "spec-decode-vllm", "tp-comm", "vllm-ascend-keys",
 )
 
 

@@ -24,6 +24,8 @@ def test_the_page_lists_every_setting_with_its_owner():
     for name in KernelSettings.model_fields:
         assert f"| `{KernelSettings.env_name(name)}` | `{name}` |" in text
     for plugin, model in declared_settings(builtin_only=True):
+        if not model.model_fields:  # a model with no field of its own (vllm-ascend-keys: only its translation)
+            continue
         section = text.split(f"## Plugin `{plugin}`\n", 1)[1].split("\n## ", 1)[0]
         for name, info in model.model_fields.items():
             assert f"| `{KernelSettings.env_name(name)}` | `{name}` |" in section

@@ -89,10 +89,7 @@ def test_every_setting_of_the_composed_model_is_read_or_refused():
 
 #: refused toggles that a consumer already reads, named with the reader: the input is wired ahead of the feature and
 #: stays False until the feature's plugin declares the setting as a plain field (then this entry goes)
-WIRED_AHEAD = {
-    # the MoE comm policy's sequence-parallel input (vllm-ascend's enable_flashcomm1); no TP-communication family yet
-    "sequence_parallel": ("plugins/moe_comm/policy.py",),
-}
+WIRED_AHEAD: dict[str, tuple[str, ...]] = {}  # (sequence_parallel left it: the tp-comm plugin declares and reads it)
 
 
 def test_the_scan_finds_reads_of_every_kind_it_claims():
@@ -102,6 +99,8 @@ def test_the_scan_finds_reads_of_every_kind_it_claims():
     assert "plugins/kv_transfer/plugin.py" in where["kv_transfer_pull_timeout_s"]  # getattr(settings, "x", ...)
     assert "plugins/moe_comm/policy.py" in where["moe_comm_method"]  # ctx.settings.forced("x")
     assert "plugins/kv_cache/common.py" in where["kv_transfer_alignment_bytes"]  # settings.x
+    # the TP-communication policy and the MoE policy both read the sequence-parallel switch
+    assert {"plugins/tp_comm/plugin.py", "plugins/moe_comm/policy.py"} <= set(where["sequence_parallel"])
     for toggle in unimplemented_toggles(settings_model()):
         readers = set(where.get(toggle, ())) - set(WIRED_AHEAD.get(toggle, ()))
         assert not readers, f"{toggle} is read in {readers}: it is implemented, declare it as a plain field"
@@ -127,7 +126,6 @@ EXPECTED_TOGGLES = {
     "enable_prefetch_mlp": "MLP weight prefetch",
     "enable_fused_mc2": "fused MC2",
     "enable_mc2_hierarchy_comm": "hierarchical MC2",
-    "sequence_parallel": "sequence parallelism (FlashComm v1)",
 }
 
 

@@ -20,6 +20,7 @@ from ascend_kernel.errors import SettingsError
 from ascend_kernel.settings import ENV_PREFIX, load_settings
 from ascend_kernel_plugins.eplb.settings import EplbSettings
 from ascend_kernel_plugins.moe_comm.settings import MoECommSettings
+from ascend_kernel_plugins.tp_comm import TpCommSettings
 from ascend_kernel_plugins.vllm_ascend_keys import doc, plugin, translate
 from ascend_kernel_plugins.vllm_ascend_keys.envs import ENVS
 from ascend_kernel_plugins.vllm_ascend_keys.keys import KEYS, PASSED
@@ -219,11 +220,24 @@ def test_eplb_config_maps_onto_the_eplb_plugins_settings():
     assert "ASCEND_KERNEL_EPLB_REPLAY_PATH" in message and '["eplb_heat_collection_stage"]=\'decode\'' in message
 
 
-def test_a_toggle_no_plugin_implements_is_refused_under_vllm_ascends_name():
+def test_a_key_no_installed_plugin_implements_is_refused_under_vllm_ascends_name():
+    """Without the tp-comm plugin (nothing declares sequence_parallel) enable_flashcomm1 on is refused, off is
+    honored; with it, the key is the plugin's setting (an engine then runs sequence parallelism: tests/e2e)."""
     message = refused({"enable_flashcomm1": True})
     assert 'additional_config["enable_flashcomm1"]=True is refused' in message and "sequence parallelism" in message
     assert '["ascend_kernel"]' not in message
-    assert load_settings({"enable_flashcomm1": False}, declared=WITHOUT_FUSION).sequence_parallel is False
+    assert not hasattr(load_settings({"enable_flashcomm1": False}, declared=WITHOUT_FUSION), "sequence_parallel")
+    with_tp_comm = [*WITHOUT_FUSION, ("tp-comm", TpCommSettings)]
+    assert load_settings({"enable_flashcomm1": True}, declared=with_tp_comm).sequence_parallel is True
+    assert load_settings({"enable_flashcomm1": "0"}, declared=with_tp_comm).sequence_parallel is False
+
+
+def test_enable_flashcomm1_is_honored_by_the_installed_plugins_and_recorded():
+    settings = load_settings({"enable_flashcomm1": True})
+    assert settings.sequence_parallel is True
+    config = SimpleNamespace(additional_config={"enable_flashcomm1": True})
+    (change,) = [c for c in plugin.ascend_kernel_configure(settings, config) if "flashcomm" in c.path]
+    assert change.path == "additional_config.enable_flashcomm1" and change.new == "setting sequence_parallel=True"
 
 
 def test_the_key_wins_over_the_variable_it_replaces(monkeypatch):

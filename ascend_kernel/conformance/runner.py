@@ -38,6 +38,7 @@ CONTRACT_MODULES: dict[str, str] = {
     "quantization": "quantization",
     "eplb_policy": "eplb_policy",
     "fusion_pass": "fusion_pass",
+    "tp_comm": "tp_comm",
 }
 #: a family chosen by a plugin itself, not by the kernel's plan (the EPLB plugin picks its policy when EPLB is on)
 EPLB_POLICY_FAMILY = Family("eplb_policy", "ascend_kernel_eplb_policies", "eplb_config.policy", optional=True)

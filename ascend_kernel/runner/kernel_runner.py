@@ -147,13 +147,14 @@ class KernelRunnerMixin:
         if plan.rejection_sampler is not None:
             self.rejection_sampler = plan.rejection_sampler.build(self.sampler, vllm_config, self.device)
         # last: from here on this runner's steps are what the process's forward passes see
-        self._bind_step_policies(plan.attention_state, plan.moe_comm)
+        self._bind_step_policies(plan.attention_state, plan.moe_comm, plan.tp_comm)
 
-    def _bind_step_policies(self, state_policy: Any, moe_policy: Any) -> None:
+    def _bind_step_policies(self, state_policy: Any, moe_policy: Any, tp_policy: Any = None) -> None:
         """Bind the per-step policies once, tabulate what a step needs from them, and publish the idle state."""
         self._decide_attn_state = state_policy.decide
         # a policy with experts to serve is asked per forward pass; without, the runner never calls it
         self._select_moe_comm = moe_policy.select if getattr(moe_policy, "is_moe", True) else None
+        self._select_tp_comm = getattr(tp_policy, "select", None)  # None: always all-reduce, nothing per pass
         self._kernel_outcomes: dict[int, StepOutcome] = {}
         self._kernel_idle_outcome = self._outcome_of(None)
         idle = self._kernel_idle_outcome
@@ -178,7 +179,7 @@ class KernelRunnerMixin:
             name, is_prefill = ("", False) if state is None else (state.name, bool(state.is_prefill))
             # Without experts the forward context is the same for every pass of the step: built once, here.
             extras = ({"ascend_attn_state": state, "moe_comm_method": None}
-                      if self._select_moe_comm is None else None)
+                      if self._select_moe_comm is None and self._select_tp_comm is None else None)
             outcome = self._kernel_outcomes[id(state)] = StepOutcome(state, name, is_prefill, extras, self)
             if state is not None:
                 self.kernel_trace.state_counters.append(outcome)
@@ -236,19 +237,23 @@ class KernelRunnerMixin:
         The platform's hook returns the published outcome's prebuilt extras
         and calls this only when they are None: a model with experts, whose
         MoE method depends on the pass's token count (the step, the drafter
-        and dummy runs differ).
+        and dummy runs differ), or a TP-communication policy that chooses per
+        pass (sequence parallel or all-reduce, by the pass's token count).
         """
         outcome = LIVE.outcome
         if outcome.extras is not None:
             return outcome.extras
-        state = outcome.state
-        method = self._select_moe_comm(num_tokens or 0, outcome.is_prefill)
+        state, select_moe, select_tp = outcome.state, self._select_moe_comm, self._select_tp_comm
+        method = select_moe(num_tokens or 0, outcome.is_prefill) if select_moe is not None else None
         if state is not None and method is not None:
             self.kernel_trace.moe_methods[method.name] += 1
         elif outcome is self._kernel_dummy_outcome and method is not None:
             self.kernel_trace.count("dummy_batch_moe_methods", method.name)
         # profile, capture and drafting passes (no attention state) still need a method, but are not counted
-        return {"ascend_attn_state": state, "moe_comm_method": method}
+        extras = {"ascend_attn_state": state, "moe_comm_method": method}
+        if select_tp is not None:  # the TP-communication choice; a scheduled step's is counted by its policy
+            extras["tp_comm"] = select_tp(num_tokens or 0, self.kernel_trace if state is not None else None)
+        return extras
 
     def kernel_dummy_batch(self, run: Any) -> Any:
         """An idle DP rank's share of a step (``run``: vLLM's dummy batch), published and counted as such."""
@@ -346,7 +351,7 @@ class KernelRunnerMixin:
 
         plan = self.kernel_plan
         for family, empty in (("layer_ops", {}), ("graph", {}), ("quantization", None), ("moe_comm", {}),
-                              ("drafter", None)):  # each chosen object's own account, where it gives one
+                              ("drafter", None), ("tp_comm", {})):  # each chosen object's own account, if any
             describe = getattr(getattr(plan, family), "describe", None)
             report[family] = describe() if describe is not None else empty
         report["fusion"] = fusion_report(self.kernel)

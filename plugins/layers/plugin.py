@@ -43,18 +43,53 @@ class SeamLayerOps:
     """Registers the seam-backed layer classes with vLLM's out-of-tree op registry."""
 
     __slots__ = ()
+    #: its norm runs on the token shard and it has a reduce-scattering row-parallel linear (the TP-communication
+    #: family's sequence-parallel policy asks for this)
+    sequence_parallel_layers = True
 
     def install(self) -> list[str]:
-        from ascend_kernel_plugins.layers import encoder_attention, mm_layers, seam_layers
+        from ascend_kernel_plugins.layers import encoder_attention, mm_layers, seam_layers, sequence_parallel
 
-        encoder_attention.record(kernel_mod.current(), "ascend")
-        return sorted(seam_layers.register() + mm_layers.register())
+        kernel = kernel_mod.current()
+        encoder_attention.record(kernel, "ascend")
+        installed = seam_layers.register() + mm_layers.register()
+        if _shards_tokens(kernel):
+            installed += sequence_parallel.register()
+        return sorted(installed)
 
     def describe(self) -> dict[str, Any]:
         from ascend_kernel_plugins.layers import mm_layers, seam_layers
 
-        return {"replaced": sorted([*seam_layers.REPLACEMENTS, *mm_layers.REPLACEMENTS]),
-                "layers_built": {**seam_layers.built_counts(), **mm_layers.built_counts()}}
+        replaced = [*seam_layers.REPLACEMENTS, *mm_layers.REPLACEMENTS]
+        if _shards_tokens(kernel_mod.current_or_none()):
+            replaced.append("RowParallelLinear")
+        described = {"replaced": sorted(replaced),
+                     "layers_built": {**seam_layers.built_counts(), **mm_layers.built_counts()}}
+        if _MARKED:
+            described["sequence_parallel"] = dict(_MARKED)
+        return described
+
+
+#: what :func:`ascend_kernel_model_loaded` marked for sequence parallelism in this process's model
+_MARKED: dict[str, int] = {}
+
+
+def _shards_tokens(kernel: Any) -> bool:
+    """Whether the chosen TP-communication policy runs sequence parallel (its layers must be built and marked)."""
+    plan = kernel.plan if kernel is not None else None
+    return plan is not None and bool(getattr(plan.tp_comm, "shards_tokens", False))
+
+
+@hookimpl
+def ascend_kernel_model_loaded(runner: Any) -> list[str]:
+    """Under sequence parallelism, mark the model's decoder-layer norms and row-parallel layers (or fail)."""
+    if not _shards_tokens(runner.kernel) or not isinstance(runner.kernel_plan.layer_ops, SeamLayerOps):
+        return []
+    from ascend_kernel_plugins.layers.sequence_parallel import mark
+
+    _MARKED.clear()
+    _MARKED.update(mark(runner.model))
+    return [f"sequence parallel: {_MARKED}"]
 
 
 def _native_supported(ctx: Any) -> str | None:

@@ -25,6 +25,7 @@ from ascend_kernel import kernel as kernel_mod
 from ascend_kernel.ops import get_ops
 from ascend_kernel.oot_ops import register_oot
 from ascend_kernel.upstream import rotary_cache_for
+from ascend_kernel_plugins.layers.sequence_parallel import current_pass, norm_on_shard
 
 _built: Counter[str] = Counter()
 
@@ -35,6 +36,9 @@ def _ops() -> Any:
 
 
 class AscendRMSNorm(RMSNorm):
+    #: set by :func:`.sequence_parallel.mark` on the decoder layers' norms and the final norm
+    sp_shards = False
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.seam_ops = _ops()
@@ -42,6 +46,10 @@ class AscendRMSNorm(RMSNorm):
         _built["RMSNorm"] += 1
 
     def forward_oot(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if self.sp_shards and residual is not None:
+            step = current_pass()
+            if step is not None:  # this pass runs sequence parallel: the norm on the token shard
+                return norm_on_shard(self, x, residual, step)
         if not self.on_seam:
             return self.forward_native(x, residual)
         if residual is None:

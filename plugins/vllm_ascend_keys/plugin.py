@@ -18,21 +18,18 @@ from pydantic import BaseModel
 from ascend_kernel.config_changes import ConfigChange
 from ascend_kernel.errors import SettingsError
 from ascend_kernel.hookspecs import hookimpl
-from ascend_kernel.settings import unimplemented_toggle, unimplemented_toggles
-from ascend_kernel_plugins.vllm_ascend_keys.keys import SP
+from ascend_kernel.settings import unimplemented_toggles
 from ascend_kernel_plugins.vllm_ascend_keys.translate import translate
 
 REASON = "vllm-ascend's configuration, as the kernel runs it"
 
 
 class VllmAscendKeysSettings(BaseModel):
-    """The state vllm-ascend's keys switch where no family owns it yet."""
+    """No setting of its own: vllm-ascend's keys map onto the settings the families declare.
 
-    # the TP-communication family declares it as an ordinary setting once it exists (and this one goes)
-    sequence_parallel: bool = unimplemented_toggle(
-        SP, "Sequence parallelism for tensor-parallel communication (vllm-ascend's enable_flashcomm1): "
-        "reduce-scatter after row-parallel layers, norms on the token shard, all-gather before column-parallel "
-        "ones. The MoE communication policy reads it.")
+    (``enable_flashcomm1`` onto the TP-communication plugin's ``sequence_parallel``; with that plugin not
+    installed the key is refused when on.) The model carries the translation (:meth:`from_foreign_config`).
+    """
 
     @classmethod
     def from_foreign_config(cls, additional_config: Mapping[str, Any], model: type[BaseModel]) -> dict[str, Any]:

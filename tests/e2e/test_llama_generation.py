@@ -46,7 +46,7 @@ def test_kernel_plugins_did_the_work(kernel_run, tiny_llama):
     assert families.count("kv_cache") == 1
     assert set(families) == {"attention_backend", "attention_state", "attention_mask", "moe_comm", "moe_comm_method", "drafter",
                              "sampler", "rejection_sampler", "graph", "layer_ops", "kv_cache", "quantization",
-                             "fusion_pass"}
+                             "fusion_pass", "tp_comm"}
     # the CPU default runs vLLM's own norm layers: no seam norm in the graph, and each pass says so
     assert {f["name"]: f["enabled"] for f in report["fusion"]} == {"norm-quant": False, "qknorm-rope": False,
                                                                    "muls-add": False}

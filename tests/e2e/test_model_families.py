@@ -91,7 +91,7 @@ def test_explain_json_on_mla_model(models):
     families = [d["family"] for d in report["decisions"]]
     assert sorted(families) == sorted(["attention_backend", "attention_state", "attention_mask", "moe_comm", "moe_comm_method",
                                        "drafter", "sampler", "rejection_sampler", "graph", "layer_ops", "kv_cache",
-                                       "quantization", "fusion_pass"])
+                                       "quantization", "fusion_pass", "tp_comm"])
     kv = next(d for d in report["decisions"] if d["family"] == "kv_cache")
     assert kv["chosen"] == "mla"
     reasons = {c["name"]: c["reason"] for c in kv["candidates"]}

@@ -1,0 +1,225 @@
+"""The TP-communication family: the per-pass choice (thresholds, padding, MoE always), its policies' support and
+records, and sequence parallelism's arithmetic on two real gloo ranks against the all-reduce it replaces."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ascend_kernel.errors import SelectionError
+from ascend_kernel.registry import choose as choose_impl
+from ascend_kernel.settings import load_settings
+from ascend_kernel.step import StepTrace
+from ascend_kernel_plugins.tp_comm import (
+    ALL_REDUCE, SEQUENCE_PARALLEL, STEP_COUNTER, SequenceParallelPass, choose, min_tokens_for,
+)
+from ascend_kernel_plugins.tp_comm.plugin import ascend_kernel_tp_comm_policies
+from ascend_kernel_plugins.tp_comm.policy import SequenceParallelPolicy
+
+# -- the decision ------------------------------------------------------------------------------------------------
+
+
+def test_dense_models_run_sequence_parallel_from_1000_tokens_by_default():
+    floor = min_tokens_for(None, is_moe=False)
+    assert floor == 1000
+    assert choose(999, floor) == ALL_REDUCE and choose(1000, floor) == SEQUENCE_PARALLEL
+    assert choose(32768, floor) == SEQUENCE_PARALLEL and choose(1, floor) == ALL_REDUCE
+
+
+def test_moe_models_run_sequence_parallel_on_every_pass_by_default():
+    floor = min_tokens_for(None, is_moe=True)
+    assert floor == 1
+    assert all(choose(n, floor) == SEQUENCE_PARALLEL for n in (1, 2, 7, 4096))
+    assert choose(0, floor) == ALL_REDUCE  # an empty pass has nothing to shard
+
+
+def test_the_setting_moves_the_threshold_for_either_kind():
+    assert min_tokens_for(8, is_moe=False) == 8 and min_tokens_for(64, is_moe=True) == 64
+    assert choose(7, 8) == ALL_REDUCE and choose(8, 8) == SEQUENCE_PARALLEL
+    assert choose(63, 64) == ALL_REDUCE  # a MoE model under an explicit threshold all-reduces too
+    assert load_settings({"ascend_kernel": {"sp_min_tokens": 8}}).sp_min_tokens == 8
+    with pytest.raises(Exception, match="sp_min_tokens"):
+        load_settings({"ascend_kernel": {"sp_min_tokens": 0}})
+
+
+@pytest.mark.parametrize("tokens, tp, padded, shard", [(13, 2, 14, 7), (14, 2, 14, 7), (5, 4, 8, 2), (1, 2, 2, 1),
+                                                      (9, 1, 9, 9)])
+def test_tokens_are_padded_to_a_multiple_of_tp(tokens, tp, padded, shard):
+    record = SequenceParallelPass.of(tokens, tp)
+    assert (record.padded_tokens, record.shard_tokens, record.pad_size) == (padded, shard, padded - tokens)
+    assert record.padded_tokens % tp == 0 and 0 <= record.pad_size < tp
+
+
+def test_the_policy_counts_scheduled_steps_by_choice_and_publishes_a_record_only_for_sequence_parallel():
+    policy = SequenceParallelPolicy(tp_size=2, is_moe=False, min_tokens=8)
+    trace = StepTrace()
+    first = policy.select(13, trace)
+    assert first == SequenceParallelPass(13, 14, 2) and policy.select(13, trace) is first
+    assert policy.select(2, trace) is None and policy.select(7, trace) is None
+    assert policy.select(100, None) is not None  # a dummy or profile pass: chosen, not counted
+    assert trace.as_dict()[STEP_COUNTER] == {SEQUENCE_PARALLEL: 2, ALL_REDUCE: 2}
+    assert policy.describe() == {"policy": "sequence-parallel", "tp_size": 2, "model_kind": "dense", "min_tokens": 8}
+
+
+def test_the_sequence_parallel_policy_meets_the_familys_contract():
+    """The conformance kit builds policies under its own contexts, where sequence parallelism is not asked for."""
+    from ascend_kernel.conformance.results import Checks
+    from ascend_kernel.conformance.tp_comm import check
+
+    checks = Checks("tp-comm", "tp_comm", "sequence-parallel")
+    check(SequenceParallelPolicy(tp_size=4, is_moe=True, min_tokens=1), checks)
+    assert [(r.contract, r.status) for r in checks.results] == [("interface", "pass"), ("pass-record", "pass")]
+    assert checks.results[1].reason == "8 of 8 passes sequence parallel"
+
+
+# -- which policy, and why -----------------------------------------------------------------------------------------
+
+
+class _SeamLayers:
+    sequence_parallel_layers = True
+
+
+def _ctx(sequence_parallel=True, layers=_SeamLayers(), moe=False, arch="LlamaForCausalLM", eager=True, tp=2, pp=1,
+         min_tokens=None):
+    settings = load_settings({"ascend_kernel": {"sequence_parallel": sequence_parallel, "sp_min_tokens": min_tokens}})
+    model = SimpleNamespace(is_moe=moe, enforce_eager=eager, hf_config=SimpleNamespace(architectures=[arch]))
+    config = SimpleNamespace(model_config=model, parallel_config=SimpleNamespace(tensor_parallel_size=tp,
+                                                                                  pipeline_parallel_size=pp))
+    return SimpleNamespace(vllm_config=config, settings=settings, chosen={"layer_ops": layers})
+
+
+def _pick(ctx):
+    impl, record = choose_impl("tp_comm", ascend_kernel_tp_comm_policies(), ctx, forced=None,
+                               forcing_setting="ASCEND_KERNEL_TP_COMM")
+    return impl.build(ctx), record
+
+
+def test_all_reduce_is_chosen_when_sequence_parallelism_is_not_asked_for_and_costs_nothing_per_pass():
+    policy, record = _pick(_ctx(sequence_parallel=False))
+    assert record.chosen == "all-reduce" and not hasattr(policy, "select")  # the runner then calls nothing per pass
+    assert "not asked for" in next(c.reason for c in record.candidates if c.name == "sequence-parallel")
+
+
+def test_sequence_parallel_is_chosen_when_asked_for_and_reads_the_threshold():
+    policy, record = _pick(_ctx(min_tokens=8))
+    assert record.chosen == "sequence-parallel" and policy.shards_tokens
+    assert (policy.tp_size, policy.min_tokens, policy.is_moe) == (2, 8, False)
+    assert "sequence parallelism is asked for" in next(c.reason for c in record.candidates if c.name == "all-reduce")
+    assert _pick(_ctx())[0].min_tokens == 1000
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(layers=object()), "ASCEND_KERNEL_LAYER_OPS=ascend"),
+    (dict(moe=True), "MoE models"),
+    (dict(arch="Gemma2ForCausalLM"), "Gemma2ForCausalLM"),
+    (dict(eager=False), "enforce_eager"),
+    (dict(pp=2), "pipeline parallelism"),
+])
+def test_asked_for_where_its_mechanism_cannot_run_is_an_error_with_the_reason_never_a_silent_all_reduce(change, words):
+    with pytest.raises(SelectionError) as info:
+        _pick(_ctx(**change))
+    message = str(info.value)
+    assert words in message and "sequence parallelism is asked for" in message
+
+
+# -- the arithmetic on two ranks -----------------------------------------------------------------------------------
+
+WORLD, TOKENS, HIDDEN, INTER = 2, 5, 8, 6  # 5 tokens: one pad row at TP=2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _weights() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {"embed": torch.randn(TOKENS, HIDDEN, generator=g, dtype=torch.float64),
+            "o": torch.randn(HIDDEN, HIDDEN, generator=g, dtype=torch.float64) / 3,
+            "down": torch.randn(HIDDEN, INTER, generator=g, dtype=torch.float64) / 3,
+            "up": torch.randn(INTER, HIDDEN, generator=g, dtype=torch.float64) / 3,
+            "w1": 1 + torch.randn(HIDDEN, generator=g, dtype=torch.float64) / 10,
+            "w2": 1 + torch.randn(HIDDEN, generator=g, dtype=torch.float64) / 10,
+            "w3": 1 + torch.randn(HIDDEN, generator=g, dtype=torch.float64) / 10}
+
+
+class _Norms:
+    """RMSNorm in float64 as the seam's ops compute it (per token: a rank's shard needs nothing from other tokens)."""
+
+    @staticmethod
+    def rms_norm(x, weight, eps):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight, None
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        added = x + residual
+        return self.rms_norm(added, weight, eps)[0], added
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    """One decoder layer (row-parallel o and down projections) and the final norm, both ways, on this rank."""
+    import torch.distributed as dist
+
+    from ascend_kernel.ops.sequence_parallel import all_gather_tokens, reduce_scatter_tokens, token_shard
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    ops, w, eps = _Norms(), _weights(), 1e-6
+    o_cols = slice(rank * HIDDEN // WORLD, (rank + 1) * HIDDEN // WORLD)  # row-parallel: this rank's input columns
+    d_cols = slice(rank * INTER // WORLD, (rank + 1) * INTER // WORLD)
+
+    def o_partial(h):  # the attention's output columns of this rank through its o_proj rows
+        return h[:, o_cols] @ w["o"][:, o_cols].T
+
+    def down_partial(h):
+        return torch.relu(h @ w["up"].T)[:, d_cols] @ w["down"][:, d_cols].T
+
+    def all_reduce(t):
+        t = t.clone()
+        dist.all_reduce(t)
+        return t
+
+    x = w["embed"]
+    # all-reduce: every rank every token
+    h = ops.rms_norm(x, w["w1"], eps)[0]
+    y, res = ops.add_rms_norm(all_reduce(o_partial(h)), x.clone(), w["w2"], eps)
+    y, res = ops.add_rms_norm(all_reduce(down_partial(y)), res, w["w3"], eps)
+    # sequence parallel: reduce-scatter, norm + residual on the shard, all-gather before the next column layer
+    padded = SequenceParallelPass.of(TOKENS, WORLD).padded_tokens
+    h_sp = ops.rms_norm(x, w["w1"], eps)[0]  # the first norm has no residual yet: the embedding's full tokens
+    shard = reduce_scatter_tokens(o_partial(h_sp), padded, None, WORLD)
+    out, res_sp = ops.add_rms_norm(shard, token_shard(x, padded, rank, WORLD), w["w2"], eps)
+    y_sp = all_gather_tokens(out, TOKENS, None, WORLD)
+    out, res_sp = ops.add_rms_norm(reduce_scatter_tokens(down_partial(y_sp), padded, None, WORLD), res_sp, w["w3"],
+                                   eps)
+    torch.save({"all_reduce": (y, res), "sequence_parallel": (all_gather_tokens(out, TOKENS, None, WORLD), res_sp),
+                "shard_rows": shard.shape[0]}, Path(out_dir) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    import torch.multiprocessing as mp
+
+    out = tmp_path_factory.mktemp("tp_comm")
+    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def test_sequence_parallel_gives_every_rank_the_all_reduce_result(ranks):
+    for got in ranks:
+        (expected, _), (gathered, _) = got["all_reduce"], got["sequence_parallel"]
+        assert gathered.shape == (TOKENS, HIDDEN) and got["shard_rows"] == 3
+        torch.testing.assert_close(gathered, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_each_rank_keeps_its_shard_of_the_residual_padding_last(ranks):
+    padded = SequenceParallelPass.of(TOKENS, WORLD).padded_tokens
+    residual = ranks[0]["all_reduce"][1]
+    shards = [got["sequence_parallel"][1] for got in ranks]
+    assert [s.shape[0] for s in shards] == [padded // WORLD] * WORLD
+    torch.testing.assert_close(torch.cat(shards)[:TOKENS], residual, rtol=1e-12, atol=1e-12)
+    assert torch.equal(torch.cat(shards)[TOKENS:], torch.zeros(padded - TOKENS, HIDDEN, dtype=torch.float64))
