@@ -250,10 +250,9 @@ class KernelRunnerMixin:
         elif outcome is self._kernel_dummy_outcome and method is not None:
             self.kernel_trace.count("dummy_batch_moe_methods", method.name)
         # profile, capture and drafting passes (no attention state) still need a method, but are not counted
-        extras = {"ascend_attn_state": state, "moe_comm_method": method}
-        if select_tp is not None:  # the TP-communication choice; a scheduled step's is counted by its policy
-            extras["tp_comm"] = select_tp(num_tokens or 0, self.kernel_trace if state is not None else None)
-        return extras
+        # the TP-communication choice (None: all-reduce); a scheduled step's is counted by its policy
+        tp_comm = select_tp(num_tokens or 0, self.kernel_trace if state is not None else None) if select_tp else None
+        return {"ascend_attn_state": state, "moe_comm_method": method, "tp_comm": tp_comm}
 
     def kernel_dummy_batch(self, run: Any) -> Any:
         """An idle DP rank's share of a step (``run``: vLLM's dummy batch), published and counted as such."""
