@@ -21,6 +21,23 @@ MAX_TOKENS = 8
 INDUCTOR_COMPILES_EVERY_GRAPH = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
 
 
+def compiles_every_graph(tmp_path_factory) -> dict[str, str]:
+    """:data:`INDUCTOR_COMPILES_EVERY_GRAPH` plus an empty inductor cache directory of the run's own.
+
+    The switches alone do not reach a command the CLI zygote forks: it imported torch's inductor config (which
+    reads them once, at import) before the command's environment is set. Inductor reads its cache directory
+    per use, so an empty one means no cached graph either way (as on a fresh host)."""
+    return {**INDUCTOR_COMPILES_EVERY_GRAPH, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path_factory.mktemp("inductor"))}
+
+
+def moe_layers(model) -> int:
+    """How many of a tiny DeepSeek's layers are MoE layers (the first ``first_k_dense_replace`` are dense)."""
+    import json
+
+    config = json.loads((model / "config.json").read_text())
+    return config["num_hidden_layers"] - config["first_k_dense_replace"]
+
+
 @pytest.fixture(scope="module")
 def graph_run(tiny_llama):
     return generate(tiny_llama, "--graph-mode", "cpu-graph", "--capture-sizes", "1,2,4",
@@ -66,7 +83,7 @@ def test_moe_model_and_ascend_backend_between_captured_pieces(tmp_path_factory):
     model = create_tiny_model("qwen3_moe", tmp_path_factory.mktemp("graph_moe") / "qwen3_moe")
     run = generate(model, "--graph-mode", "cpu-graph", "--capture-sizes", "4", max_tokens=MAX_TOKENS,
                    env=clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_ATTENTION_BACKEND="ascend",
-                                 ASCEND_KERNEL_LAYER_OPS="ascend", **INDUCTOR_COMPILES_EVERY_GRAPH))
+                                 ASCEND_KERNEL_LAYER_OPS="ascend", **compiles_every_graph(tmp_path_factory)))
     fusion = {p["name"]: p for p in run["report"]["fusion"]}
     layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
     assert fusion["qknorm-rope"]["enabled"] and fusion["qknorm-rope"]["matches"] == layers, fusion
@@ -89,20 +106,29 @@ def test_mla_moe_at_tp2_with_expert_parallel_between_captured_pieces(tmp_path_fa
     backend cannot take padded batches, and cpu-graph refuses it for MLA models.
     This is also test_moe_expert_parallel.py's scenario of the CPU host's policy
     (no SoC) on DeepSeek-V2, with all of that file's checks on the ranks' traces.
+
+    The model scales its routed experts (``routed_scaling_factor`` 2.0, a power of two: vLLM scales the routed
+    sum, transformers the routing weights, and both are exact), so each MoE layer's ``routed * 2.0 + shared``
+    stands in every per-size artifact and the fusion pass makes it one ``muls_add`` there (one capture size:
+    one compiled graph per piece; rank 0's count).
     """
     from ascend_kernel.models import create_tiny_model
 
     from tests.e2e.test_moe_expert_parallel import check_expert_parallel_run
 
-    model = create_tiny_model("deepseek_v2", tmp_path_factory.mktemp("graph_ep") / "deepseek_v2")
+    model = create_tiny_model("deepseek_v2", tmp_path_factory.mktemp("graph_ep") / "deepseek_v2",
+                              overrides={"routed_scaling_factor": 2.0})
     # one size (the padded decode batch's): several sizes are graph_run's subject; each costs a compile per rank
     run = generate(model, "--graph-mode", "cpu-graph", "--capture-sizes", "4",
                    "--engine-arg", "tensor_parallel_size=2", "--engine-arg", "enable_expert_parallel=True",
                    env=clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_ATTENTION_BACKEND="ascend",
-                                 VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_OMP_THREADS_BIND="0|1"),
+                                 VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_OMP_THREADS_BIND="0|1",
+                                 **compiles_every_graph(tmp_path_factory)),
                    max_tokens=MAX_TOKENS)
     oracle = hf_greedy(model, [o["prompt_token_ids"] for o in run["outputs"]], MAX_TOKENS)
     assert_same_tokens(model, run, oracle)
+    fusion = {p["name"]: p for p in run["report"]["fusion"]}
+    assert fusion["muls-add"]["enabled"] and fusion["muls-add"]["matches"] == moe_layers(model), fusion
     graph = run["report"]["graph"]
     assert graph["captured_sizes"] == [4] and graph["replays"].get("4", 0) > 0  # 3 requests padded to 4
     # every rank's experts received rows under exactly the two methods the CPU policy picks with EP, no fallback

@@ -17,6 +17,8 @@ from tests.e2e.conftest import clean_env, generate, hf_greedy, run_cli, tokens
 pytestmark = pytest.mark.e2e
 MAX_TOKENS = 8
 KERNEL = clean_env(ASCEND_KERNEL_DEVICE="cpu")
+#: vLLM scales the routed experts' sum, transformers the routing weights: by a power of two both are exact
+ROUTED_SCALE = {"routed_scaling_factor": 2.0}
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +26,10 @@ def models(tmp_path_factory):
     from ascend_kernel.models import create_tiny_model
 
     base = tmp_path_factory.mktemp("families")
-    return {arch: create_tiny_model(arch, base / arch) for arch in ("deepseek_v2", "qwen2_moe", "mamba2", "falcon_h1",
-                                                                   "deepseek_mtp")}
+    made = {arch: create_tiny_model(arch, base / arch) for arch in ("deepseek_v2", "qwen2_moe", "mamba2", "falcon_h1")}
+    # routed experts scaled (a power of two, exact on both sides), so its compiled graph holds the muls + add
+    made["deepseek_mtp"] = create_tiny_model("deepseek_mtp", base / "deepseek_mtp", overrides=ROUTED_SCALE)
+    return made
 
 
 def oracle_for(model, run):
@@ -144,7 +148,7 @@ def test_qwen3_next_gated_delta_net_hybrid_in_bfloat16(tmp_path_factory):
 
 
 @pytest.mark.parametrize("arch", ["deepseek_mtp"])
-def test_moe_models_under_vllms_default_compilation(models, arch):
+def test_moe_models_under_vllms_default_compilation(models, arch, tmp_path_factory):
     """Without enforce_eager vLLM-CPU traces the model once with Dynamo and compiles it with inductor.
     (Qwen2-MoE under the same compilation: tests/e2e/test_serving.py, through ``serve``. DeepSeek-V2's parts are
     all compiled elsewhere, so it is not run here again (suite time): its dense MLA on vLLM's CPU MLA backend is
@@ -159,9 +163,19 @@ def test_moe_models_under_vllms_default_compilation(models, arch):
     model that tripped inductor's peak-memory reorder: its router read the gate's
     output before the gate's matmul wrote it, so the graph plugin turns that pass
     off and says so in the config changes.
+
+    The model scales its routed experts by 2.0, so the fusion passes, under
+    inductor's post-grad custom pass of this trace-once compile, make each MoE
+    layer's ``routed * 2.0 + shared`` one ``muls_add`` (inductor compiles every
+    graph here, no cache hit, so the matches count this engine's graphs).
     """
-    run = generate(models[arch], "--engine-arg", "enforce_eager=false", env=KERNEL, max_tokens=MAX_TOKENS)
+    from tests.e2e.test_graph_capture import compiles_every_graph, moe_layers
+
+    run = generate(models[arch], "--engine-arg", "enforce_eager=false", max_tokens=MAX_TOKENS,
+                   env=clean_env(ASCEND_KERNEL_DEVICE="cpu", **compiles_every_graph(tmp_path_factory)))
     assert tokens(run) == oracle_for(models[arch], run)
+    fusion = {p["name"]: p for p in run["report"]["fusion"]}
+    assert fusion["muls-add"]["enabled"] and fusion["muls-add"]["matches"] == moe_layers(models[arch]), fusion
     assert run["report"]["trace"]["moe_methods"] == {"naive_multicast": 1, "allgather": MAX_TOKENS - 1}
     changes = {c["path"]: c for c in run["report"]["config_changes"]}
     inductor = changes["compilation_config.inductor_compile_config"]

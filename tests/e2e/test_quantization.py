@@ -216,11 +216,26 @@ def hf_greedy_npu_layers(source: Path, ascend: Path, prompt_ids: list[list[int]]
 
 
 @pytest.mark.parametrize("name", ["v1-static", "v1-dynamic"])
-def test_float32_runs_the_seam_reference_ops_as_the_npu_computes(name, checkpoints, tiny_llama):
-    """In float32 the int8 layers run the seam's quantize/dynamic_quant + quant_matmul (reference provider)."""
+def test_float32_runs_the_seam_reference_ops_as_the_npu_computes(name, checkpoints, tiny_llama, tmp_path_factory):
+    """In float32 the int8 layers run the seam's quantize/dynamic_quant + quant_matmul (reference provider).
+
+    Compiled (vLLM-CPU's trace-once compilation) with the seam's norms in the graph (``layer_ops=ascend``), so
+    the fusion pass makes every residual norm feeding an int8 layer one ``add_rms_norm_quant`` (static) or
+    ``add_rms_norm_dynamic_quant`` (dynamic): both norms of each layer but the first layer's input norm (it has no
+    residual yet). The fused graph's tokens are the float64 oracle's. (In bfloat16 a CPU host runs vLLM-CPU's
+    int8 GEMMs, which quantize inside the kernel: no seam quantize is in the graph, nothing to fuse.)
+    """
+    from tests.e2e.test_graph_capture import compiles_every_graph
+
     ascend, _ = checkpoints[name]
-    result = generate(ascend, "--dtype", "float32", env=KERNEL, max_tokens=MAX_TOKENS)
+    env = clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_LAYER_OPS="ascend",
+                    **compiles_every_graph(tmp_path_factory))
+    result = generate(ascend, "--dtype", "float32", "--engine-arg", "enforce_eager=false", env=env,
+                      max_tokens=MAX_TOKENS)
     assert result["report"]["quantization"]["executors"] == {"SeamInt8Executor": 8}
+    layers = json.loads((ascend / "config.json").read_text())["num_hidden_layers"]
+    fusion = {p["name"]: p for p in result["report"]["fusion"]}
+    assert fusion["norm-quant"]["enabled"] and fusion["norm-quant"]["matches"] == 2 * layers - 1, fusion
     prompt_ids = [o["prompt_token_ids"] for o in result["outputs"]]
     assert tokens(result) == hf_greedy_npu_layers(tiny_llama, ascend, prompt_ids, MAX_TOKENS)
 
