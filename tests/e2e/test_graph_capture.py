@@ -12,32 +12,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import assert_same_tokens, clean_env, generate, hf_greedy
+from tests.e2e.conftest import assert_same_tokens, clean_env, compiles_every_graph, generate, hf_greedy, moe_layers
 
 pytestmark = pytest.mark.e2e
 MAX_TOKENS = 8
-#: inductor compiles every graph (no FX graph or AOT autograd cache hit) where a test counts the fusion passes'
-#: matches: a graph served from the cache was rewritten when first compiled and is not rewritten again
-INDUCTOR_COMPILES_EVERY_GRAPH = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
-
-
-def compiles_every_graph(tmp_path_factory) -> dict[str, str]:
-    """:data:`INDUCTOR_COMPILES_EVERY_GRAPH` plus an empty inductor cache directory of the run's own.
-
-    The switches alone do not reach a command the CLI zygote forks: it imported torch's inductor config (which
-    reads them once, at import) before the command's environment is set. Inductor reads its cache directory
-    per use, so an empty one means no cached graph either way (as on a fresh host)."""
-    return {**INDUCTOR_COMPILES_EVERY_GRAPH, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path_factory.mktemp("inductor"))}
-
-
-def moe_layers(model) -> int:
-    """How many of a tiny DeepSeek's layers are MoE layers (the first ``first_k_dense_replace`` are dense)."""
-    import json
-
-    config = json.loads((model / "config.json").read_text())
-    return config["num_hidden_layers"] - config["first_k_dense_replace"]
-
-
 @pytest.fixture(scope="module")
 def graph_run(tiny_llama):
     return generate(tiny_llama, "--graph-mode", "cpu-graph", "--capture-sizes", "1,2,4",

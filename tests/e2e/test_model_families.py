@@ -169,7 +169,7 @@ def test_moe_models_under_vllms_default_compilation(models, arch, tmp_path_facto
     layer's ``routed * 2.0 + shared`` one ``muls_add`` (inductor compiles every
     graph here, no cache hit, so the matches count this engine's graphs).
     """
-    from tests.e2e.test_graph_capture import compiles_every_graph, moe_layers
+    from tests.e2e.conftest import compiles_every_graph, moe_layers
 
     run = generate(models[arch], "--engine-arg", "enforce_eager=false", max_tokens=MAX_TOKENS,
                    env=clean_env(ASCEND_KERNEL_DEVICE="cpu", **compiles_every_graph(tmp_path_factory)))

