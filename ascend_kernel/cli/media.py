@@ -83,11 +83,13 @@ def _set(value: str | None) -> None:
 def connector_selected() -> Iterator[None]:
     """``VLLM_MEDIA_CONNECTOR`` names the kernel's connector inside the block (API-server processes started
     in it inherit it), unless the user chose a connector; the previous value after."""
-    if VARIABLE in os.environ:
+    import vllm.envs
+
+    if vllm.envs.is_set(VARIABLE):  # the user's choice stands
         yield
         return
     register()
     logger.info("ascend-kernel serve: image URLs through the kernel's media connector (%s=%s): an image host the "
                 "server cannot reach is HTTP 400 naming it", VARIABLE, NAME)
-    with setting_swapped(lambda: os.environ.get(VARIABLE), _set, NAME):
+    with setting_swapped(lambda: None, _set, NAME):  # unset before (the user set none): unset after
         yield
