@@ -1,7 +1,8 @@
 """A vision-language model through the kernel and the CLI: ``generate --image`` on the tiny Qwen2.5-VL.
 
 One kernel engine (``ASCEND_KERNEL_LAYER_OPS=ascend``: mrope and the vision encoder's attention go through
-the seam's ops, the reference provider here) runs three chat requests in order:
+the seam's ops, the reference provider here; ``--graph-mode cpu-graph``: the text decoder's decode steps replay
+captured graphs) runs three chat requests in order:
 
 1. one image (168 x 224 pixels: 12 x 16 patches, wider than one 112-pixel attention window);
 2. two images in one prompt (the first again, and a 224 x 280 one);
@@ -48,7 +49,8 @@ def _scenario(images: dict[str, Path]) -> list[tuple[list[Path], str]]:
 
 @pytest.fixture(scope="module")
 def run(vlm: Path, images: dict[str, Path]) -> dict[str, Any]:
-    args = ["generate", "--json", "--model", str(vlm), "--max-tokens", str(MAX_TOKENS)]
+    args = ["generate", "--json", "--model", str(vlm), "--max-tokens", str(MAX_TOKENS), "--graph-mode", "cpu-graph",
+            "--capture-sizes", "1,2,4"]
     for paths, message in _scenario(images):
         for path in paths:
             args += ["--image", str(path)]
@@ -68,6 +70,9 @@ def test_greedy_tokens_equal_transformers_on_the_same_pixels(run: dict[str, Any]
     for i, (output, (prompt_ids, tokens)) in enumerate(zip(run["outputs"], oracle, strict=True)):
         assert output["prompt_token_ids"] == prompt_ids, f"request {i}: placeholder expansion differs"
         assert output["token_ids"] == tokens, f"request {i}: greedy tokens differ from transformers'"
+    # the text decoder's decode steps replayed cpu-graph's captured graphs (mrope positions and all)
+    graph = run["report"]["graph"]
+    assert graph["captured_sizes"] == [1, 2, 4] and sum(graph["replays"].values()) > 0, graph
     assert len(set(map(tuple, (o["token_ids"] for o in run["outputs"][:2])))) == 2  # the images steer the answer
 
 
