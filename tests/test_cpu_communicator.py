@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.gloo_ranks import run_ranks
+
 WORLD = 2
 SIZES = [3, 5]  # rows per rank: unequal, as DP ranks' batches are
 WIDTH = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rows(rank: int, n: int, seed: int = 0) -> torch.Tensor:
@@ -51,11 +46,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    import torch.multiprocessing as mp
-
-    out = tmp_path_factory.mktemp("cpu_comm")
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return run_ranks(_worker, WORLD, tmp_path_factory.mktemp("cpu_comm"))
 
 
 def test_all_gatherv_concatenates_every_ranks_rows_in_rank_order(ranks):

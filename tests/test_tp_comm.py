@@ -3,7 +3,6 @@ records, and sequence parallelism's arithmetic on two real gloo ranks against th
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,6 +18,8 @@ from ascend_kernel_plugins.tp_comm import (
 )
 from ascend_kernel_plugins.tp_comm.plugin import ascend_kernel_tp_comm_policies
 from ascend_kernel_plugins.tp_comm.policy import SequenceParallelPolicy
+
+from tests.gloo_ranks import run_ranks
 
 # -- the decision ------------------------------------------------------------------------------------------------
 
@@ -131,12 +132,6 @@ def test_asked_for_where_its_mechanism_cannot_run_is_an_error_with_the_reason_ne
 WORLD, TOKENS, HIDDEN, INTER = 2, 5, 8, 6  # 5 tokens: one pad row at TP=2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _weights() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     return {"embed": torch.randn(TOKENS, HIDDEN, generator=g, dtype=torch.float64),
@@ -202,11 +197,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    import torch.multiprocessing as mp
-
-    out = tmp_path_factory.mktemp("tp_comm")
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return run_ranks(_worker, WORLD, tmp_path_factory.mktemp("tp_comm"))
 
 
 def test_sequence_parallel_gives_every_rank_the_all_reduce_result(ranks):

@@ -11,11 +11,12 @@ data-parallel form (each rank its own batch of its own size, outputs final).
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.gloo_ranks import run_ranks as run_worker_ranks
 
 WORLD = 2
 EXPERTS, TOP_K, HIDDEN, INTER = 8, 2, 16, 12
@@ -66,12 +67,6 @@ def dense_moe(x, w, ids) -> torch.Tensor:
             gate, up = (w13[e] @ x[t].double()).split(INTER)
             out[t] += float(w[t, j]) * (w2[e] @ (torch.nn.functional.silu(gate) * up))
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, port: int, out_dir: str, broken: str) -> None:
@@ -134,10 +129,7 @@ def _worker(rank: int, port: int, out_dir: str, broken: str) -> None:
 
 
 def run_ranks(tmp_path: Path, broken: str = "") -> list[dict]:
-    import torch.multiprocessing as mp
-
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path), broken), nprocs=WORLD, join=True)
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return run_worker_ranks(_worker, WORLD, tmp_path, broken)
 
 
 @pytest.fixture(scope="module")

@@ -25,13 +25,14 @@ interruption (no hang), the first layer is already moved while the map is not
 from __future__ import annotations
 
 import os
-import socket
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+
+from tests.gloo_ranks import free_port, rank_results
 
 WORLD, LOGICAL, PHYSICAL, HIDDEN, INTER, TOP_K = 2, 4, 6, 32, 32, 2
 OLD = [0, 1, 2, 3, 0, 1]
@@ -57,12 +58,6 @@ def dense_reference(x, weights, ids, w13, w2):
             h = torch.nn.functional.silu(gate_up[:INTER]) * gate_up[INTER:]
             out[t] += float(weights[t, j]) * (w2[e] @ h)
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
@@ -192,13 +187,13 @@ def ranks(tmp_path_factory):
     import torch.multiprocessing as mp
 
     where = tmp_path_factory.mktemp("eplb_ranks")
-    context = mp.start_processes(_worker, args=(_free_port(), str(where)), nprocs=WORLD, join=False,
+    context = mp.start_processes(_worker, args=(free_port(), str(where)), nprocs=WORLD, join=False,
                                  start_method="spawn")
     for process in context.processes:
         process.join(timeout=300)
     codes = [process.exitcode for process in context.processes]
     assert codes == [0, DIED], codes  # rank 0 survives the fault; rank 1 died where the test made it
-    ranks = [torch.load(where / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    ranks = rank_results(where, WORLD)
     ranks[0]["fault"] = torch.load(where / "fault.pt", weights_only=False)
     return ranks
 
