@@ -21,7 +21,7 @@ NPU_PLATFORM = "ascend_kernel.platform.npu.KernelNpuPlatform"
 
 def register() -> str | None:
     """vLLM platform plugin: the platform class path, or None to stay out of the way."""
-    from ascend_kernel.device import resolve_device_kind
+    from ascend_kernel.device import npu_available, resolve_device_kind
     from ascend_kernel.errors import SettingsError
     from ascend_kernel.settings import env_requests_kernel, load_settings
 
@@ -35,8 +35,11 @@ def register() -> str | None:
         # the user sees it, instead of silently running without it. There it
         # passes through VllmConfig as itself: SettingsError is no ValueError,
         # which pydantic would rewrap as a validation error about VllmConfig.
+        # On an NPU host the kernel is the platform whatever the variables say
+        # (a refused VLLM_ASCEND_* one included): staying off there would run
+        # vLLM without the kernel and hide the refusal.
         logger.error("%s", exc)
-        return CPU_PLATFORM if env_requests_kernel() else None
+        return NPU_PLATFORM if npu_available() else (CPU_PLATFORM if env_requests_kernel() else None)
     kind = resolve_device_kind(settings)
     if kind == "npu":
         return NPU_PLATFORM

@@ -311,6 +311,22 @@ def test_register_activates_the_kernel_on_a_bad_variable(monkeypatch, caplog, va
     assert var in caplog.text
 
 
+@pytest.mark.parametrize("npu_visible", [True, False])
+def test_a_refused_vllm_ascend_variable_does_not_switch_the_kernel_off_on_an_npu_host(monkeypatch, caplog,
+                                                                                       npu_visible):
+    """On an NPU host a refused ``VLLM_ASCEND_*`` variable still selects the NPU platform (whose config check then
+    raises the refusal); on a host without one and no ``ASCEND_KERNEL_*`` variable the kernel stays off."""
+    import ascend_kernel.device
+    from ascend_kernel import NPU_PLATFORM, register
+
+    for key in [k for k in os.environ if k.upper().startswith(ENV_PREFIX)]:
+        monkeypatch.delenv(key)
+    monkeypatch.setattr(ascend_kernel.device, "npu_available", lambda: npu_visible)  # the host's NPU detection
+    monkeypatch.setenv("VLLM_ASCEND_ENABLE_MLAPO", "1")
+    assert register() == (NPU_PLATFORM if npu_visible else None)
+    assert "VLLM_ASCEND_ENABLE_MLAPO='1' is refused" in caplog.text
+
+
 def test_vllm_config_reports_the_settings_error_itself(tmp_path):
     """Through vLLM: platform detection, then VllmConfig's platform check raises the kernel's error (no engine)."""
     from ascend_kernel.models import create_tiny_model
