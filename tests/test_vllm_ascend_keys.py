@@ -292,15 +292,18 @@ def test_the_committed_page_is_what_the_rules_generate():
 
 
 def test_explain_refuses_a_vllm_ascend_launch_before_any_engine(tmp_path):
+    """Each refused key is a line of its own under the headline (the message's paragraphs, not run together)."""
     (tmp_path / "config.json").write_text("{}")
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith(ENV_PREFIX)}
     env.update(ASCEND_KERNEL_DEVICE="cpu", VLLM_ENABLE_V1_MULTIPROCESSING="0", HF_HUB_OFFLINE="1")
     proc = subprocess.run([sys.executable, "-m", "ascend_kernel.cli.main", "explain", "--model", str(tmp_path),
-                           "--additional-config", '{"torchair_graph_config": {"enabled": true}}'],
+                           "--additional-config",
+                           '{"torchair_graph_config": {"enabled": true}, "enable_weight_nz_layout": true}'],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
-    line = proc.stderr.strip().splitlines()[-1]
-    assert line.startswith("ascend-kernel: error: vllm-ascend configuration the kernel does not run")
-    assert 'additional_config["torchair_graph_config"]["enabled"]=True is refused' in line
-    assert "TorchAir" in line and "ASCEND_KERNEL_GRAPH_MODE" in line
+    headline, torchair, nz = proc.stderr.strip().splitlines()[-3:]
+    assert headline.startswith("ascend-kernel: error: vllm-ascend configuration the kernel does not run")
+    assert torchair.startswith('additional_config["torchair_graph_config"]["enabled"]=True is refused')
+    assert "TorchAir" in torchair and "ASCEND_KERNEL_GRAPH_MODE" in torchair
+    assert nz.startswith('additional_config["enable_weight_nz_layout"]=True is refused')
     assert "Resolved architecture" not in proc.stderr  # refused before vLLM read the model

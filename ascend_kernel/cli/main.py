@@ -21,7 +21,7 @@ from typing import Any, Sequence
 from ascend_kernel.cli import explain, generate, info_commands
 from ascend_kernel.cli.arg_types import ArgumentParser
 from ascend_kernel.cli.engine_request import add_engine_args
-from ascend_kernel.cli.output import JsonStdout
+from ascend_kernel.cli.output import JsonStdout, paragraphs
 from ascend_kernel.errors import KernelError
 
 __all__ = ["JsonStdout", "build_parser", "main"]
@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None, keep_stdout: bool | None = None) -> 
 
 
 def _one_paragraph(exc: BaseException) -> str:
-    """The message on one line; vLLM's pydantic config errors as 'Config: field: problem (given ...)'."""
+    """The message a line per paragraph; vLLM's pydantic config errors as 'Config: field: problem (given ...)'."""
     from pydantic import ValidationError
 
     if isinstance(exc, ValidationError):
@@ -112,7 +112,7 @@ def _one_paragraph(exc: BaseException) -> str:
             given = f" (given {value!r})" if isinstance(value, (str, int, float, bool)) else ""
             parts.append(f"{where + ': ' if where else ''}{e.get('msg', '')}{given}")
         return f"vLLM refused the {exc.title}: " + "; ".join(parts)
-    return " ".join(str(exc).split())
+    return paragraphs(str(exc))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -84,3 +85,12 @@ def emit(args: argparse.Namespace, payload: Any, text: str) -> None:
         print(document)
     else:
         out.write(document)
+
+
+def paragraphs(message: str) -> str:
+    """An error message for a terminal: each paragraph (blank-line separated) folded onto one line of its own.
+
+    A single problem stays one line; a message listing several (each refused vllm-ascend key is a paragraph) keeps
+    one line per problem instead of running them together."""
+    folded = (" ".join(part.split()) for part in re.split(r"\n\s*\n", message))
+    return "\n".join(part for part in folded if part)

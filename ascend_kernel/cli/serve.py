@@ -76,7 +76,9 @@ def _report_path() -> str:
 
 
 def _fail(message: str, status: int) -> int:
-    print(f"ascend-kernel: error: {' '.join(message.split())}", file=sys.stderr)
+    from ascend_kernel.cli.output import paragraphs
+
+    print(f"ascend-kernel: error: {paragraphs(message)}", file=sys.stderr)
     return status
 
 
