@@ -108,6 +108,10 @@ NAMES: tuple[PrivateName, ...] = (
     PrivateName("vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector:"
                 "MooncakeConnectorWorker._physical_blocks_per_logical_kv_block", "accessor",
                 "bytes per logical block for the transfer counts", "none", instance_attribute=True),
+    PrivateName("vllm.model_executor.layers.fused_moe.runner.moe_runner:MoERunner._forward_entry", "accessor",
+                "with DP > 1 the moe_comm plugin points each MoE runner at the registered vllm.moe_forward op, as "
+                "vLLM selects it off CPU: vLLM-CPU calls the op's body, whose DP gather Dynamo cannot trace",
+                "none: MoERunner._select_forward picks by platform only", instance_attribute=True),
     PrivateName("vllm.v1.worker.gpu_model_runner:GPUModelRunner._moe_model", "accessor",
                 "the EPLB plugin gives the CPU runner the MixtureOfExperts model its eplb_step asserts (vLLM's CPU "
                 "load_model never sets it)", "none: only GPUModelRunner.load_model sets it", instance_attribute=True),
@@ -313,6 +317,15 @@ def rejection_logprobs(sampler: Any, *args: Any) -> Any:
 def missing_worker_method(name: str) -> str:
     """vLLM's text when a worker has no method ``name`` (``collective_rpc`` of a string)."""
     return f"Method {name!r} is not implemented."
+
+
+def moe_runner_entry(runner: Any) -> Any:
+    """What a vLLM MoE runner's ``forward`` calls: the op's Python body or the registered op."""
+    return runner._forward_entry
+
+
+def set_moe_runner_entry(runner: Any, entry: Any) -> None:
+    runner._forward_entry = entry
 
 
 def set_runner_moe_model(runner: Any, model: Any) -> None:
