@@ -78,11 +78,12 @@ def test_without_the_layers_plugin_the_key_is_refused_when_on_and_honored_when_o
 # -- where it applies ---------------------------------------------------------------------------------------------
 
 
-def _config(tp=1, dp=2, pp=1, moe=True, tied=False, vocab=VOCAB):
+def _config(tp=1, dp=2, pp=1, moe=True, tied=False, vocab=VOCAB, drafter=None):
     text = SimpleNamespace(tie_word_embeddings=tied)
     model = SimpleNamespace(is_moe=moe, hf_text_config=text, get_vocab_size=lambda: vocab)
     return SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=tp, data_parallel_size=dp,
-                                                           pipeline_parallel_size=pp), model_config=model)
+                                                           pipeline_parallel_size=pp), model_config=model,
+                           speculative_config=drafter)
 
 
 @pytest.mark.parametrize(("size", "change", "words"), [
@@ -92,6 +93,7 @@ def _config(tp=1, dp=2, pp=1, moe=True, tied=False, vocab=VOCAB):
     (2, dict(moe=False), "a dense model: lm-head TP applies to MoE models"),
     (2, dict(pp=2), "pipeline parallelism 2"),
     (2, dict(tied=True), "tied word embeddings"),
+    (2, dict(drafter=SimpleNamespace(method="ngram")), "speculative decoding"),
     (3, dict(dp=3), "the padded vocabulary (128 rows) does not split into 3 equal shards"),
 ])
 def test_where_it_cannot_apply_start_up_stops_naming_the_key_and_the_reason(size, change, words):

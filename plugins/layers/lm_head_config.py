@@ -1,7 +1,7 @@
 """Where lm-head tensor parallelism applies, refused with a reason at start-up elsewhere; and its sizes.
 
 The rules follow vllm-ascend's (``finegrained_tp_config.lmhead_tensor_parallel_size``): pure DP (TP=1), an MoE
-model, N dividing the DP size. The kernel adds: one pipeline stage (the head lives on the last stage only, whose
+model, N dividing the DP size. The kernel adds: no drafter (its passes run on busy ranks only), one pipeline stage (the head lives on the last stage only, whose
 group would not be the DP group), untied word embeddings (a tied head is the full embedding, whose weight cannot be
 a vocab shard).
 """
@@ -44,6 +44,9 @@ def problems(size: int, vllm_config: Any) -> list[str]:
         found.append(f"{size} does not divide the data-parallel size {dp}; use a divisor of {dp}")
     if pp > 1:
         found.append(f"pipeline parallelism {pp}: the lm head lives on the last stage only; run with PP=1")
+    if getattr(vllm_config, "speculative_config", None) is not None:
+        found.append("speculative decoding: the drafter's logits are computed on busy ranks only, where the lm-head "
+                     "group needs every rank; leave the key out, or run without a drafter")
     model = getattr(vllm_config, "model_config", None)
     if model is not None and not getattr(model, "is_moe", False):
         found.append("a dense model: lm-head TP applies to MoE models (as in vllm-ascend); leave the key out")
