@@ -10,7 +10,8 @@ over them. What the kernel owns here is the report: ``GET
 Scenarios, one deployment each (tiny Llama, float32, eager, 4 concurrent prompts of 6 tokens):
 
 * one host, ``--data-parallel-size 2``: both engine cores on this host (the
-  DeepSeek-V2 deployment at the end, which adds expert parallelism to it);
+  DeepSeek-V2 deployment at the end, which adds expert parallelism and
+  vllm-ascend's lm-head tensor parallelism over both DP ranks to it);
 * two "nodes" on loopback: an API process holding DP rank 0 (``-dp 2 -dpl 1
   --data-parallel-address 127.0.0.1 --data-parallel-rpc-port P``) and a
   ``--headless --data-parallel-start-rank 1`` process holding rank 1, joined
