@@ -179,3 +179,12 @@ def test_each_rank_holds_and_loads_only_its_vocab_shard(ranks):
     torch.testing.assert_close(ranks[0]["shard"], weight[:64], rtol=0, atol=0)
     torch.testing.assert_close(ranks[1]["shard"][:36], weight[64:], rtol=0, atol=0)
     assert ranks[1]["shard"][36:].abs().sum() == 0  # padding rows
+
+
+def test_the_layers_plugins_configure_hook_refuses_it_before_anything_else():
+    """The refusal is wired into start-up: the plugin's ``ascend_kernel_configure`` (the platform's config check)."""
+    from ascend_kernel_plugins.layers.plugin import ascend_kernel_configure
+
+    settings = SimpleNamespace(lmhead_tensor_parallel_size=2, forced=lambda name: None)
+    with pytest.raises(KernelError, match="tensor parallelism 2: lm-head TP is for pure data parallelism"):
+        ascend_kernel_configure(settings=settings, vllm_config=_config(tp=2), device=SimpleNamespace(kind="cpu"))
