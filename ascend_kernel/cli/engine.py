@@ -82,11 +82,14 @@ def merge_worker_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
     data-parallel rank (the server passes the workers of every DP engine).
     A worker with a KV connector also keeps its own ``kv_transfer`` counters
     there: at TP > 1 each rank moves its own heads' share of every page, so
-    the top level (the first worker's) holds only that rank's bytes.
+    the top level (the first worker's) holds only that rank's bytes. Each
+    entry also has its lm head's ``{tp_size, vocab_per_rank, bytes}`` (under
+    lm-head TP each rank holds its own vocab shard).
     """
     report = dict(reports[0])
     report["ranks"] = [{"rank": r.get("rank", index), "dp_rank": r.get("dp_rank", 0), "trace": r["trace"],
-                        **({"kv_transfer": r["kv_transfer"]} if r.get("kv_transfer") else {})}
+                        **({"kv_transfer": r["kv_transfer"]} if r.get("kv_transfer") else {}),
+                        **({"lm_head": r["layer_ops"]["lm_head"]} if (r.get("layer_ops") or {}).get("lm_head") else {})}
                        for index, r in enumerate(reports)]
     return report
 

@@ -20,6 +20,7 @@ from typing import Any
 from ascend_kernel import kernel as kernel_mod
 from ascend_kernel.hookspecs import hookimpl
 from ascend_kernel.registry import Implementation
+from ascend_kernel_plugins.layers.settings import LayersSettings
 
 ASCEND_KERNEL_ESSENTIAL = "the runner installs a layer-ops choice before the model is built, if only vLLM's own"
 
@@ -32,11 +33,15 @@ class VllmNativeLayerOps:
     def install(self) -> list[str]:
         from ascend_kernel_plugins.layers import encoder_attention
 
+        from ascend_kernel_plugins.layers import lm_head_tp
+
         encoder_attention.record(kernel_mod.current(), "vllm-native")
-        return []
+        return lm_head_tp.install(kernel_mod.current())
 
     def describe(self) -> dict[str, Any]:
-        return {"replaced": [], "layers_built": {}}
+        from ascend_kernel_plugins.layers.lm_head_tp import described
+
+        return {"replaced": [], "layers_built": {}, **described()}
 
 
 class SeamLayerOps:
@@ -48,23 +53,24 @@ class SeamLayerOps:
     sequence_parallel_layers = True
 
     def install(self) -> list[str]:
-        from ascend_kernel_plugins.layers import encoder_attention, mm_layers, seam_layers, sequence_parallel
+        from ascend_kernel_plugins.layers import encoder_attention, lm_head_tp, mm_layers, seam_layers, sequence_parallel
 
         kernel = kernel_mod.current()
         encoder_attention.record(kernel, "ascend")
-        installed = seam_layers.register() + mm_layers.register()
+        installed = seam_layers.register() + mm_layers.register() + lm_head_tp.install(kernel)
         if _shards_tokens(kernel):
             installed += sequence_parallel.register()
         return sorted(installed)
 
     def describe(self) -> dict[str, Any]:
         from ascend_kernel_plugins.layers import mm_layers, seam_layers
+        from ascend_kernel_plugins.layers.lm_head_tp import described as lm_head
 
         replaced = [*seam_layers.REPLACEMENTS, *mm_layers.REPLACEMENTS]
         if _shards_tokens(kernel_mod.current_or_none()):
             replaced.append("RowParallelLinear")
         described = {"replaced": sorted(replaced),
-                     "layers_built": {**seam_layers.built_counts(), **mm_layers.built_counts()}}
+                     "layers_built": {**seam_layers.built_counts(), **mm_layers.built_counts()}, **lm_head()}
         if _MARKED:
             described["sequence_parallel"] = dict(_MARKED)
         return described
@@ -82,14 +88,18 @@ def _shards_tokens(kernel: Any) -> bool:
 
 @hookimpl
 def ascend_kernel_model_loaded(runner: Any) -> list[str]:
-    """Under sequence parallelism, mark the model's decoder-layer norms and row-parallel layers (or fail)."""
+    """Under sequence parallelism, mark the model's decoder-layer norms and row-parallel layers (or fail); the lm
+    head's report and, under lm-head TP, the idle rank's share of its collectives (:mod:`.lm_head_tp`)."""
+    from ascend_kernel_plugins.layers.lm_head_tp import model_loaded
+
+    done = model_loaded(runner)
     if not _shards_tokens(runner.kernel) or not isinstance(runner.kernel_plan.layer_ops, SeamLayerOps):
-        return []
+        return done
     from ascend_kernel_plugins.layers.sequence_parallel import mark
 
     _MARKED.clear()
     _MARKED.update(mark(runner.model))
-    return [f"sequence parallel: {_MARKED}"]
+    return [*done, f"sequence parallel: {_MARKED}"]
 
 
 def _native_supported(ctx: Any) -> str | None:
@@ -104,6 +114,9 @@ def ascend_kernel_configure(settings: Any, vllm_config: Any, device: Any) -> lis
     the counting encoder cache manager (:mod:`.encoder_cache`)."""
     from ascend_kernel_plugins.layers import encoder_cache
     from ascend_kernel_plugins.layers.encoder_attention import reset_backend
+    from ascend_kernel_plugins.layers.lm_head_config import check
+
+    check(settings, vllm_config)  # lm-head TP where it cannot apply: refused here, at start-up
 
     return [*_compile_seam_layers(settings, vllm_config, device),
             *reset_backend(settings, vllm_config, getattr(device, "kind", "cpu")),
@@ -133,6 +146,11 @@ def _compile_seam_layers(settings: Any, vllm_config: Any, device: Any) -> list[A
                   "the seam's norm and rotary layers run under compilation too (vLLM would run their native "
                   "forward), so compiled graphs hold the seam's ops")
     return [made] if made is not None else []
+
+
+@hookimpl
+def ascend_kernel_settings() -> type[LayersSettings]:
+    return LayersSettings
 
 
 @hookimpl

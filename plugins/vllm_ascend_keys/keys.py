@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ascend_kernel_plugins.vllm_ascend_keys.rules import (
-    Honored, Off, Outcome, Passed, Refused, Section, Setting, apply, is_off, unknown,
+    Honored, Off, Outcome, Passed, Refused, Section, Setting, apply, as_group_size, is_off, unknown,
 )
 
 GRAPH_INSTEAD = ("ASCEND_KERNEL_GRAPH_MODE (aclgraph on an NPU, cpu-graph on a CPU host) with "
@@ -87,11 +87,15 @@ COMPILATION = Section({
     "enable_static_kernel": Off("static-kernel compilation (npugraph_ex)", REMOVE),
 }, "vllm-ascend's ascend_compilation_config")
 
+LMHEAD_TP = Setting("lmhead_tensor_parallel_size", convert=as_group_size,
+                    feature="lm-head tensor parallelism over a group of DP ranks",
+                    expects="a whole number >= 1 dividing the DP size (or null: off)")
+
 FINEGRAINED_TP = Section({
-    name: Off(f"{what} tensor parallelism over its own group", REMOVE)
-    for name, what in (("lmhead_tensor_parallel_size", "lm-head"), ("oproj_tensor_parallel_size", "o_proj"),
-                       ("embedding_tensor_parallel_size", "embedding"), ("mlp_tensor_parallel_size", "MLP"),
-                       ("olora_tensor_parallel_size", "o_proj LoRA"))
+    "lmhead_tensor_parallel_size": LMHEAD_TP,
+    **{name: Off(f"{what} tensor parallelism over its own group", REMOVE)
+       for name, what in (("oproj_tensor_parallel_size", "o_proj"), ("embedding_tensor_parallel_size", "embedding"),
+                          ("mlp_tensor_parallel_size", "MLP"), ("olora_tensor_parallel_size", "o_proj LoRA"))},
 }, "vllm-ascend's finegrained_tp_config")
 
 
@@ -157,11 +161,10 @@ KEYS: dict[str, tuple[Any, str]] = {
     "enable_flashcomm2_parallel_size": (Off("FlashComm v2 (removed upstream)", REMOVE), "v0.23.0"),
     "enable_matmul_allreduce": (Off("fused matmul + all-reduce", REMOVE), "v0.23.0"),
     "finegrained_tp_config": (FINEGRAINED_TP, "v0.12.0rc1-main"),
-    "lmhead_tensor_parallel_size": (Off("lm-head tensor parallelism over its own group", REMOVE),
-                                    "v0.10.2rc1-v0.11.0"),
+    "lmhead_tensor_parallel_size": (LMHEAD_TP, "v0.10.2rc1-v0.11.0"),
     "oproj_tensor_parallel_size": (Off("o_proj tensor parallelism over its own group", REMOVE),
                                    "v0.10.2rc1-v0.11.0"),
-    "lmhead_tp_size": (Off("lm-head tensor parallelism over its own group", REMOVE), "v0.9.1"),
+    "lmhead_tp_size": (LMHEAD_TP, "v0.9.1"),
     "layer_sharding": (Off("linear-layer sharding", REMOVE), "v0.13.0-v0.23.0"),
     "dp_allreduce_on_npu": (Off("DP metadata all-reduce on the device group", REMOVE), "v0.23.0"),
     "enable_dsa_cp": (Off("DSA context parallelism", REMOVE), "v0.23.0-main"),

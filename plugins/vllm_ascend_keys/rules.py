@@ -43,6 +43,18 @@ def as_bool(value: Any) -> bool:
     return not is_off(value)
 
 
+def as_group_size(value: Any) -> int | None:
+    """A parallel group size: None (off) or a whole number >= 1 (booleans and fractions are rejected)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"{type(value).__name__} is not a group size")
+    size = int(value)
+    if size < 1:
+        raise ValueError(f"{size} is below 1")
+    return size
+
+
 def refusal(path: str, value: Any, why: str, instead: str) -> str:
     return (f"{_where(path)}={value!r} is refused: {why}. Instead: {instead}.")
 
@@ -103,13 +115,15 @@ class Setting:
     """Mapped onto a kernel setting (a plugin's), converted; refused while no installed plugin declares it.
 
     With ``off_without``, an off value is honored even without the setting: the
-    kernel then does not do the feature either.
+    kernel then does not do the feature either. ``expects`` says in words what
+    ``convert`` accepts (the refusal of a value it rejects names it).
     """
 
     setting: str
     convert: Callable[[Any], Any] = as_bool
     feature: str = ""
     off_without: bool = True
+    expects: str = "a boolean (true/false or 1/0)"
 
     def apply(self, path: str, value: Any, fields: frozenset[str]) -> Outcome:
         if self.setting.split(".")[0] in fields:
@@ -117,7 +131,7 @@ class Setting:
                 converted = self.convert(value)
             except (TypeError, ValueError) as exc:
                 return Outcome(path, value, refusal=refusal(path, value, f"not a value of {self.setting} ({exc})",
-                                                            "a boolean (true/false or 1/0)"))
+                                                            self.expects))
             return Outcome(path, value, {self.setting: converted}, f"setting {self.setting}={converted!r}")
         if self.off_without and is_off(value):
             return Outcome(path, value, effect=f"nothing to do: no installed plugin implements "

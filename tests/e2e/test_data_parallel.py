@@ -10,7 +10,8 @@ over them. What the kernel owns here is the report: ``GET
 Scenarios, one deployment each (tiny Llama, float32, eager, 4 concurrent prompts of 6 tokens):
 
 * one host, ``--data-parallel-size 2``: both engine cores on this host (the
-  DeepSeek-V2 deployment at the end, which adds expert parallelism to it);
+  DeepSeek-V2 deployment at the end, which adds expert parallelism and
+  vllm-ascend's lm-head tensor parallelism over both DP ranks to it);
 * two "nodes" on loopback: an API process holding DP rank 0 (``-dp 2 -dpl 1
   --data-parallel-address 127.0.0.1 --data-parallel-rpc-port P``) and a
   ``--headless --data-parallel-start-rank 1`` process holding rank 1, joined
@@ -334,9 +335,18 @@ def test_tensor_parallel_over_two_nodes_answers_like_transformers_and_reports_bo
 # -- one host, two DP ranks, expert parallelism across them (MoE) ---------------------------------------------
 
 
+#: vllm-ascend's lm-head TP over both DP ranks (the plugin's setting lmhead_tensor_parallel_size)
+LMHEAD_TP_CONFIG = {"finegrained_tp_config": {"lmhead_tensor_parallel_size": 2}}
+
+
 @pytest.fixture(scope="module", params=["deepseek_v2"])
 def dp_expert_parallel(request, tmp_path_factory) -> Any:
     """DeepSeek-V2 (MLA + MoE), ``-dp 2 --enable-expert-parallel``: the EP group spans both DP engines.
+
+    With lm-head TP of 2 (vllm-ascend's ``finegrained_tp_config``): one lm head
+    over both DP ranks, each holding half its vocabulary rows; the hidden states
+    are all-gathered and the logits exchanged (all-to-all) at every step, an idle
+    rank's dummy batch joining them with no tokens.
 
     Qwen2-MoE runs DP + EP too, the same checks of answers, ranks, methods and
     EP world, on the two-node deployment that restarts after the kill above
@@ -353,10 +363,11 @@ def dp_expert_parallel(request, tmp_path_factory) -> Any:
     base = tmp_path_factory.mktemp("dp-ep")
     model = create_tiny_model(request.param, base / request.param)
     # vLLM-CPU's default compilation (trace once + inductor): the gather before each MoE layer is data dependent,
-    # so the MoE layers enter through vLLM's opaque op there (the moe_comm plugin's opaque_forward)
+    # so the MoE layers enter through vLLM's opaque op there (the moe_comm plugin's opaque_forward);
+    # vllm-ascend's lm-head TP key: both DP ranks share one lm head, each holding half its vocabulary rows
     compiled = [arg for arg in SERVE_ARGS if arg != "--enforce-eager"]
     argv = [*CLI, "serve", str(model), *compiled, "--data-parallel-size", "2", "--api-server-count", "1",
-            "--enable-expert-parallel"]
+            "--enable-expert-parallel", "--additional-config", json.dumps(LMHEAD_TP_CONFIG)]
     server = LocalServer(argv, server_env("0|1"), base / "server.log", api_key=API_KEY)
     server.start(timeout_s=ENGINE_TIMEOUT_S)
     yield server, model
@@ -378,11 +389,17 @@ def test_dp2_with_expert_parallel_moe_answers_equal_transformers(dp_expert_paral
         assert all(n > 0 for n in trace["moe_tokens"].values()), trace
     # the policy's rules see the EP world across both DP ranks (2), not one engine's (1)
     assert merged["moe_comm"]["world_size"] == 2 and merged["moe_comm"]["expert_parallel"], merged["moe_comm"]
+    # lm-head TP: each rank holds half the (padded) vocabulary rows of the head, half its bytes
+    config = json.loads((model / "config.json").read_text())
+    padded = -(-config["vocab_size"] // 64) * 64
+    half = {"tp_size": 2, "vocab_per_rank": padded // 2, "bytes": padded // 2 * config["hidden_size"] * 4}
+    assert [entry["lm_head"] for entry in merged["ranks"]] == [half, half], merged["ranks"]
 
 
 def test_idle_dp_rank_runs_dummy_batches_that_publish_a_moe_method(dp_expert_parallel):
     """One request alone: the other DP rank has nothing scheduled, yet joins every MoE collective of the busy
-    rank's steps with vLLM's dummy batches; each publishes a comm method and is counted as a dummy batch."""
+    rank's steps with vLLM's dummy batches; each publishes a comm method and is counted as a dummy batch. Under
+    lm-head TP the dummy batch also joins the head's collectives (else the busy rank's logits would wait forever)."""
     import openai
 
     server, model = dp_expert_parallel
