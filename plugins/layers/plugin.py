@@ -31,9 +31,7 @@ class VllmNativeLayerOps:
     __slots__ = ()
 
     def install(self) -> list[str]:
-        from ascend_kernel_plugins.layers import encoder_attention
-
-        from ascend_kernel_plugins.layers import lm_head_tp
+        from ascend_kernel_plugins.layers import encoder_attention, lm_head_tp
 
         encoder_attention.record(kernel_mod.current(), "vllm-native")
         return lm_head_tp.install(kernel_mod.current())
