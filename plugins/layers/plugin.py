@@ -128,7 +128,9 @@ def _compile_seam_layers(settings: Any, vllm_config: Any, device: Any) -> list[A
     if compilation is None or (device.kind != "npu" and settings.forced("layer_ops") != "ascend"):
         return []
     ops = list(compilation.custom_ops)
-    names = [*seam_layers.REPLACEMENTS, *mm_layers.REPLACEMENTS]
+    model = getattr(vllm_config, "model_config", None)  # mm layers only where built (vLLM warns of absent ops)
+    multimodal = model is not None and (model.is_multimodal_model or model.uses_mrope)
+    names = [*seam_layers.REPLACEMENTS, *(mm_layers.REPLACEMENTS if multimodal else ())]
     wanted = [*ops, *(f"+{name}" for name in names if f"+{name}" not in ops and f"-{name}" not in ops)]
     if wanted == ops:
         return []
