@@ -3,8 +3,8 @@
 ``--video`` is repeatable and attaches to the next ``--chat`` (or ``--prompt``) as ``--image`` does
 (:mod:`.images`, whose flag-order rules it shares); a message's images come before its videos. A video is
 
-* a folder of frame images, taken in file-name order (every file in it must be an image PIL decodes, all
-  of one size), or
+* a folder of frame images, taken in file-name order (every file in it but hidden ones must be an image
+  PIL decodes, all of one size), or
 * an animated GIF or WebP (any image file PIL reads with more than one frame), taken frame by frame.
 
 Frames are decoded with PIL (no video decoder, no torchvision). vLLM's Qwen-VL processors want a video as
