@@ -30,6 +30,35 @@ def write_image(path: Path, seed: int, width: int = 224, height: int = 168) -> P
     return path
 
 
+def write_frames(folder: Path, seed: int, count: int, width: int = 64, height: int = 64) -> Path:
+    """A video as a folder of ``count`` PNG frames named in order (``frame_00.png``...), each a :func:`make_image`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        make_image(seed + i, width, height).save(folder / f"frame_{i:02d}.png", format="PNG")
+    return folder
+
+
+def write_animation(path: Path, seed: int, count: int, width: int = 64, height: int = 64,
+                    frame_ms: int = 500) -> Path:
+    """An animated image of ``count`` :func:`make_image` frames, ``frame_ms`` each (GIF or WebP by suffix)."""
+    frames = [make_image(seed + i, width, height) for i in range(count)]
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=frame_ms, loop=0,
+                   **({"lossless": True} if path.suffix == ".webp" else {}))
+    return path
+
+
+def read_frames(path: Path) -> Any:
+    """The oracle's own decode of a video: a frame folder's files in name order, or every frame of an animated
+    image, with PIL, as a ``[T, H, W, 3]`` uint8 array."""
+    import numpy as np
+    from PIL import Image, ImageSequence
+
+    if path.is_dir():
+        return np.stack([np.asarray(Image.open(f).convert("RGB")) for f in sorted(path.iterdir())])
+    with Image.open(path) as image:
+        return np.stack([np.asarray(frame.convert("RGB")) for frame in ImageSequence.Iterator(image)])
+
+
 def shared_tiny_vlm(tmp_path_factory: Any, arch: str) -> Path:
     """The session's tiny vision-language model of ``arch``: built once, reused by every module that asks."""
     from ascend_kernel.models import create_tiny_model
@@ -37,27 +66,37 @@ def shared_tiny_vlm(tmp_path_factory: Any, arch: str) -> Path:
     return create_tiny_model(arch, tmp_path_factory.getbasetemp() / "shared-vlm" / arch)
 
 
-def chat_parts(count: int, message: str) -> list[dict[str, Any]]:
-    """A user turn's content for transformers' chat template: ``count`` image parts, then the message."""
-    return [{"type": "image"} for _ in range(count)] + [{"type": "text", "text": message}]
+def chat_parts(count: int, message: str, videos: int = 0) -> list[dict[str, Any]]:
+    """A user turn's content for transformers' chat template: ``count`` image parts, ``videos`` video parts, then
+    the message (the order ``generate`` sends them in)."""
+    return ([{"type": "image"} for _ in range(count)] + [{"type": "video"} for _ in range(videos)]
+            + [{"type": "text", "text": message}])
 
 
-def transformers_greedy(model: Path, requests: list[tuple[list[Any], str]],
+def transformers_greedy(model: Path, requests: list[tuple[Any, ...]],
                         max_tokens: int) -> list[tuple[list[int], list[int]]]:
     """The oracle: (prompt ids, greedy tokens) of transformers' processor and model for each ``(images, message)``
-    (images as paths or PIL images), one user turn through the chat template, no end-of-sequence stop."""
+    or ``(images, message, videos)`` (images as paths or PIL images; videos as ``(frames [T, H, W, 3], fps)``,
+    every frame sent: no sampling), one user turn through the chat template, no end-of-sequence stop."""
     import torch
     from PIL import Image
     from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers.video_utils import VideoMetadata
 
     processor = AutoProcessor.from_pretrained(model)
     hf = AutoModelForImageTextToText.from_pretrained(model, dtype=torch.float32).eval()
     out = []
-    for images, message in requests:
-        text = processor.apply_chat_template([{"role": "user", "content": chat_parts(len(images), message)}],
-                                             add_generation_prompt=True, tokenize=False)
+    for images, message, *rest in requests:
+        videos = rest[0] if rest else []
+        text = processor.apply_chat_template(
+            [{"role": "user", "content": chat_parts(len(images), message, len(videos))}],
+            add_generation_prompt=True, tokenize=False)
         pixels = [Image.open(i).convert("RGB") if isinstance(i, (str, Path)) else i.convert("RGB") for i in images]
-        batch = processor(text=[text], images=pixels, return_tensors="pt")
+        clips = {"videos": [frames for frames, _ in videos], "do_sample_frames": False, "video_metadata": [
+            VideoMetadata(total_num_frames=len(frames), fps=fps, duration=len(frames) / fps,
+                          frames_indices=list(range(len(frames))), width=frames.shape[2], height=frames.shape[1])
+            for frames, fps in videos]} if videos else {}
+        batch = processor(text=[text], images=pixels or None, return_tensors="pt", **clips)
         with torch.no_grad():
             ids = hf.generate(**batch, max_new_tokens=max_tokens, do_sample=False, eos_token_id=None)
         prompt = batch["input_ids"][0].tolist()

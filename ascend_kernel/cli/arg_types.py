@@ -108,6 +108,16 @@ def non_negative_number(text: str) -> float:
     return value
 
 
+def positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; give a finite number > 0")
+    return value
+
+
 def probability(text: str) -> float:
     try:
         value = float(text)

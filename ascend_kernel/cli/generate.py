@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ascend_kernel.cli import images as image_args
+from ascend_kernel.cli import videos as video_args
 from ascend_kernel.cli.arg_types import SEED, non_negative_number, probability, whole_number
 from ascend_kernel.cli.engine_request import add_engine_args, engine_request
 from ascend_kernel.cli.output import emit, engine_output_to_stderr
@@ -28,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a user message, sent through the tokenizer's chat template (repeatable; after the --prompt "
                    "prompts)")
     image_args.add_image_option(p)
+    video_args.add_video_options(p)
     p.add_argument("--stop-at-eos", action="store_true",
                    help="end an answer at the model's end-of-sequence token (default: always --max-tokens tokens, "
                    "as the tests' transformers oracle generates)")
@@ -60,12 +62,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompts += [(ids, None) for ids in args.prompt_ids or ()]  # token ids as given: no BOS, no template
     prompts = prompts or [(p, False) for p in DEFAULT_PROMPTS]
     images = image_args.per_prompt(args)  # --image: per prompt, checked before an engine starts
+    videos = video_args.per_prompt(args)  # --video: per prompt, decoded before an engine starts
+    media = bool(images or videos)
     with engine_output_to_stderr():
         from vllm import SamplingParams
 
         request = engine_request(args, kernel=not args.stock)
-        if images:
-            image_args.limit_request(request, images)
+        if media:
+            image_args.limit_request(request, images, videos)
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 seed=args.sampling_seed, max_tokens=args.max_tokens, ignore_eos=not args.stop_at_eos,
                                 structured_outputs=structured_outputs(args))
@@ -75,10 +79,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
             from vllm.inputs import TokensPrompt
 
             inputs = [chat_prompt(llm, p) if chat else TokensPrompt(prompt_token_ids=p) if chat is None else p
-                      for p, chat in prompts] if not images else image_args.prompt_inputs(llm, prompts, images)
+                      for p, chat in prompts] if not media else image_args.prompt_inputs(llm, prompts, images, videos)
             runs = [(None, None)] + adapters  # every prompt without an adapter, then with each adapter
             batch, loras = [i for _ in runs for i in inputs], [r for _, r in runs for _ in inputs] if adapters else None
-            outputs = image_args.generate_each(llm, inputs, params) if images else llm.generate(
+            outputs = image_args.generate_each(llm, inputs, params) if media else llm.generate(
                 batch, params, lora_request=loras)
             report = engine.kernel_report(llm)
             spec_decode = engine.spec_decode_counts(llm)

@@ -25,55 +25,60 @@ from ascend_kernel.errors import UsageError
 _PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
-class _ImageAction(argparse.Action):
-    """Records each ``--image`` with how many ``--prompt``/``--chat`` were given before it."""
+class MediaAction(argparse.Action):
+    """Records each ``--image`` (or ``--video``) with how many ``--prompt``/``--chat`` were given before it."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         seen = (len(getattr(namespace, "prompt", None) or ()), len(getattr(namespace, "chat", None) or ()))
-        namespace.image = [*(getattr(namespace, "image", None) or ()), (str(values), *seen)]
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or ()), (str(values), *seen)])
 
 
 def add_image_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--image", action=_ImageAction, metavar="PATH", default=None,
+    parser.add_argument("--image", action=MediaAction, metavar="PATH", default=None,
                         help="an image file for the next --chat (or --prompt) message (repeatable: several images "
                              "per message, and per command); needs a vision-language model")
 
 
-def per_prompt(args: argparse.Namespace) -> list[list[str]] | None:
-    """The image paths of each prompt, in ``generate``'s prompt order (``--prompt``s, then ``--chat``s); None
-    without ``--image``. Checks the order of the flags and that the model takes images."""
-    given = getattr(args, "image", None)
+def per_prompt(args: argparse.Namespace, flag: str = "--image") -> list[list[str]] | None:
+    """The paths given with ``flag`` (``--image`` or ``--video``) for each prompt, in ``generate``'s prompt order
+    (``--prompt``s, then ``--chat``s); None without the flag. Checks the order of the flags and that the model
+    takes images (a video's frames go through the same processor configs); the files themselves are the
+    caller's to check."""
+    given = getattr(args, flag.lstrip("-"), None)
     if not given:
         return None
     prompts, chats = list(args.prompt or ()), list(args.chat or ())
     if getattr(args, "lora", None):
-        raise UsageError("--image with --lora: adapters with images are not supported by generate; drop one")
+        raise UsageError(f"{flag} with --lora: adapters with images or videos are not supported by generate; "
+                         "drop one")
     if prompts and chats or args.prompt_ids:
-        raise UsageError("--image attaches to the --chat (or --prompt) after it: give the images of one command "
+        raise UsageError(f"{flag} attaches to the --chat (or --prompt) after it: give the media of one command "
                          "with one kind of prompt (--chat or --prompt, not both, and no --prompt-ids)")
     kind, count = ("--chat", len(chats)) if chats else ("--prompt", len(prompts))
-    images: list[list[str]] = [[] for _ in range(count)]
+    media: list[list[str]] = [[] for _ in range(count)]
     for path, before_prompt, before_chat in given:
         index = before_chat if chats else before_prompt
         if index >= count:
-            raise UsageError(f"--image {path}: no {kind} follows it; put each --image before the message it "
+            raise UsageError(f"{flag} {path}: no {kind} follows it; put each {flag} before the message it "
                              "belongs to")
-        images[index].append(path)
-    check_model_takes_images(args.model, [p for group in images for p in group])
-    return images
+        media[index].append(path)
+    check_model_takes_images(args.model, flag)
+    if flag == "--image":
+        for path in dict.fromkeys(p for group in media for p in group):
+            load_image(path)
+    return media
 
 
-def check_model_takes_images(model: str, paths: list[str]) -> None:
-    """Refuse images for a local text-only model before an engine starts, and files that are not images."""
+def check_model_takes_images(model: str, flag: str = "--image") -> None:
+    """Refuse images (or videos) for a local text-only model before an engine starts."""
     folder = Path(model)
     if folder.is_dir() and not any(_has_image_processor(folder / name) for name in _PROCESSOR_FILES):
         arch = _architectures(folder)
-        raise UsageError(f"--image: the model at {model} ({arch}) takes no images (no image processor in "
+        what = "images" if flag == "--image" else "videos"
+        raise UsageError(f"{flag}: the model at {model} ({arch}) takes no {what} (no image processor in "
                          f"{' or '.join(_PROCESSOR_FILES)}); give a vision-language model (e.g. "
-                         "ascend-kernel tiny-model --arch qwen2_5_vl), or drop --image")
-    for path in dict.fromkeys(paths):
-        load_image(path)
+                         f"ascend-kernel tiny-model --arch qwen3_vl), or drop {flag}")
 
 
 def _has_image_processor(path: Path) -> bool:
@@ -107,41 +112,51 @@ def load_image(path: str) -> Any:
         raise UsageError(f"--image {path}: not an image PIL can decode ({exc})") from None
 
 
-def limit_request(request: Any, images: list[list[str]]) -> None:
-    """Let the engine take as many images per prompt as the command gives (no video), unless the user set it."""
-    most = max(len(group) for group in images)
-    request.extra.setdefault("limit_mm_per_prompt", {"image": max(most, 1), "video": 0})
+def limit_request(request: Any, images: list[list[str]] | None, videos: list[list[Any]] | None = None) -> None:
+    """Let the engine take as many images and videos per prompt as the command gives, unless the user set it."""
+    request.extra.setdefault("limit_mm_per_prompt", {"image": max(map(len, images or [[]])),
+                                                     "video": max(map(len, videos or [[]]))})
 
 
-def prompt_inputs(llm: Any, prompts: list[tuple[Any, bool | None]], images: list[list[str]]) -> list[Any]:
-    """vLLM prompts with their images (``multi_modal_data``), one per ``(text, is_chat)``."""
+def prompt_inputs(llm: Any, prompts: list[tuple[Any, bool | None]], images: list[list[str]] | None,
+                  videos: list[list[Any]] | None = None) -> list[Any]:
+    """vLLM prompts with their images and videos (``multi_modal_data``), one per ``(text, is_chat)``.
+
+    ``videos`` holds each prompt's loaded videos (``(frames, metadata)``, :mod:`.videos`). A message's
+    images come first, then its videos, then its text (the order of the chat parts and placeholders)."""
     from vllm.inputs import TextPrompt, TokensPrompt
 
+    flag = "--image" if images else "--video"
     if not llm.model_config.is_multimodal_model:
-        raise UsageError(f"--image: {llm.model_config.model} is not a multimodal model in vLLM "
-                         f"({', '.join(llm.model_config.architectures)}); drop --image or give a vision-language model")
+        raise UsageError(f"{flag}: {llm.model_config.model} is not a multimodal model in vLLM "
+                         f"({', '.join(llm.model_config.architectures)}); drop {flag} or give a vision-language "
+                         "model")
     inputs: list[Any] = []
-    for (text, chat), paths in zip(prompts, images):
-        data = {"multi_modal_data": {"image": [load_image(p) for p in paths]}} if paths else {}
+    for i, (text, chat) in enumerate(prompts):
+        paths, clips = images[i] if images else [], videos[i] if videos else []
+        data = {**({"image": [load_image(p) for p in paths]} if paths else {}), **({"video": clips} if clips else {})}
+        extra = {"multi_modal_data": data} if data else {}
         if chat:
             tokenizer = llm.get_tokenizer()
-            parts = [{"type": "image"} for _ in paths] + [{"type": "text", "text": text}]
+            parts = ([{"type": "image"} for _ in paths] + [{"type": "video"} for _ in clips]
+                     + [{"type": "text", "text": text}])
             rendered = tokenizer.apply_chat_template([{"role": "user", "content": parts}], tokenize=False,
                                                      add_generation_prompt=True)
             inputs.append(TokensPrompt(prompt_token_ids=tokenizer.encode(rendered, add_special_tokens=False),
-                                       **data))
+                                       **extra))
         else:
-            inputs.append(TextPrompt(prompt=_with_placeholders(llm, text, len(paths)), **data))
+            inputs.append(TextPrompt(prompt=_with_placeholders(llm, text, len(paths), len(clips)), **extra))
     return inputs
 
 
-def _with_placeholders(llm: Any, text: str, count: int) -> str:
-    if count == 0:
+def _with_placeholders(llm: Any, text: str, images: int, videos: int = 0) -> str:
+    if images + videos == 0:
         return text
     from vllm.model_executor.model_loader import get_model_cls
 
     model_cls = get_model_cls(llm.model_config)
-    marks = [model_cls.get_placeholder_str("image", i) for i in range(1, count + 1)]
+    marks = ([model_cls.get_placeholder_str("image", i) for i in range(1, images + 1)]
+             + [model_cls.get_placeholder_str("video", i) for i in range(1, videos + 1)])
     return text if marks[0] in text else "".join(marks) + text
 
 

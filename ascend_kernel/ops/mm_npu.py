@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ascend_kernel.ops.mm_ops import MM_ENCODER_ATTENTION_SCHEMA, MROPE_SCHEMA, mm_encoder_attention_fake, mrope_fake
+from ascend_kernel.ops.mm_ops import (MM_ENCODER_ATTENTION_SCHEMA, MROPE_SCHEMA, count_mrope,
+                                      mm_encoder_attention_fake, mrope_fake)
 from ascend_kernel.ops.opaque import seam_op
 
 #: head dims in (MIN, MAX) are padded to MAX for the fused attention kernel
@@ -38,6 +39,7 @@ class TorchNpuMMOps:
     def mrope(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor,
               head_size: int, mrope_section: list[int], is_neox_style: bool, interleaved: bool
               ) -> tuple[torch.Tensor, torch.Tensor]:
+        count_mrope(interleaved)
         section = list(mrope_section) if positions.ndim == 2 else [0, 0, 0]
         return self._npu.npu_mrope(  # type: ignore[attr-defined]
             positions.contiguous(), query.contiguous(), key.contiguous(), cos_sin_cache.to(query.dtype).contiguous(),

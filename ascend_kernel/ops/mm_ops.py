@@ -19,11 +19,24 @@ model sees one opaque call per op whichever provider runs.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 MROPE_SCHEMA = ("Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache, int head_size, "
                 "int[] mrope_section, bool is_neox_style, bool interleaved) -> (Tensor, Tensor)")
 MM_ENCODER_ATTENTION_SCHEMA = "Tensor query, Tensor key, Tensor value, Tensor cu_seqlens, float scale) -> Tensor"
+
+
+#: mrope calls that ran (an eager call, or a compiled graph's call of the registered op), per variant: the
+#: report's ``layer_ops.mrope_calls``, how a test sees that a compiled engine ran the seam's mrope and not
+#: vLLM's native forward (tracing runs the fake, which counts nothing)
+MROPE_CALLS: Counter[str] = Counter()
+
+
+def count_mrope(interleaved: bool) -> None:
+    """One mrope call by a provider's body: ``interleaved`` (Qwen3-VL's sections) or ``plain`` (blocks)."""
+    MROPE_CALLS["interleaved" if interleaved else "plain"] += 1
 
 
 def mrope_fake(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, *args: object

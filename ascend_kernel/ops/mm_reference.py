@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ascend_kernel.ops.mm_ops import MM_ENCODER_ATTENTION_SCHEMA, MROPE_SCHEMA, mm_encoder_attention_fake, mrope_fake
+from ascend_kernel.ops.mm_ops import (MM_ENCODER_ATTENTION_SCHEMA, MROPE_SCHEMA, count_mrope,
+                                      mm_encoder_attention_fake, mrope_fake)
 from ascend_kernel.ops.opaque import seam_op
 
 
@@ -43,6 +44,7 @@ class ReferenceMMOps:
     def mrope(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor,
               head_size: int, mrope_section: list[int], is_neox_style: bool, interleaved: bool
               ) -> tuple[torch.Tensor, torch.Tensor]:
+        count_mrope(interleaved)
         cos, sin = cos_sin_cache.to(query.dtype)[positions.long()].chunk(2, dim=-1)
         if positions.ndim == 2:  # [3, T, pairs] -> [T, pairs], each pair from its axis
             axes = section_axes(list(mrope_section), interleaved, positions.device)

@@ -87,6 +87,14 @@ def register() -> list[str]:
     return sorted(REPLACEMENTS)
 
 
+def mrope_calls() -> dict[str, int]:
+    """mrope calls the seam ran in this process, ``plain`` and ``interleaved`` (counted by the providers' bodies,
+    so a compiled graph's calls count and vLLM's native forward, if it ran instead, does not)."""
+    from ascend_kernel.ops.mm_ops import MROPE_CALLS
+
+    return {variant: MROPE_CALLS[variant] for variant in ("plain", "interleaved")}
+
+
 def built_counts() -> dict[str, int]:
     """How many layers of each replaced class this process built, and the vision encoder's forward passes."""
     return {**_built, **({"encoder_passes": max(_encoder_calls.values())} if _encoder_calls else {})}

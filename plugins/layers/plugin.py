@@ -68,7 +68,8 @@ class SeamLayerOps:
         if _shards_tokens(kernel_mod.current_or_none()):
             replaced.append("RowParallelLinear")
         described = {"replaced": sorted(replaced),
-                     "layers_built": {**seam_layers.built_counts(), **mm_layers.built_counts()}, **lm_head()}
+                     "layers_built": {**seam_layers.built_counts(), **mm_layers.built_counts()},
+                     "mrope_calls": mm_layers.mrope_calls(), **lm_head()}
         if _MARKED:
             described["sequence_parallel"] = dict(_MARKED)
         return described
@@ -126,23 +127,27 @@ def _compile_seam_layers(settings: Any, vllm_config: Any, device: Any) -> list[A
 
     The seam's layers are that custom op: with them chosen (an NPU, or
     ``layer_ops`` forced to ``ascend``) they are switched on by the name they
-    are registered under (``RMSNorm``, ``RotaryEmbedding``), so a compiled graph holds the seam's ops (what the fusion
-    passes match), as an eager run does. A user's or another plugin's
-    ``+name``/``-name`` stands.
+    are registered under (``CustomOp.register_oot`` names the class:
+    ``RMSNorm``, ``RotaryEmbedding``, ``MRotaryEmbedding``, ``MMEncoderAttention``),
+    so a compiled graph holds the seam's ops (what the fusion passes match), as an
+    eager run does. A user's or another plugin's ``+name``/``-name`` stands.
     """
     from ascend_kernel.config_changes import change
-    from ascend_kernel_plugins.layers.seam_layers import REPLACEMENTS
+    from ascend_kernel_plugins.layers import mm_layers, seam_layers
 
     compilation = getattr(vllm_config, "compilation_config", None)
     if compilation is None or (device.kind != "npu" and settings.forced("layer_ops") != "ascend"):
         return []
     ops = list(compilation.custom_ops)
-    wanted = [*ops, *(f"+{name}" for name in REPLACEMENTS if f"+{name}" not in ops and f"-{name}" not in ops)]
+    model = getattr(vllm_config, "model_config", None)  # mm layers only where built (vLLM warns of absent ops)
+    multimodal = model is not None and (model.is_multimodal_model or model.uses_mrope)
+    names = [*seam_layers.REPLACEMENTS, *(mm_layers.REPLACEMENTS if multimodal else ())]
+    wanted = [*ops, *(f"+{name}" for name in names if f"+{name}" not in ops and f"-{name}" not in ops)]
     if wanted == ops:
         return []
     made = change(vllm_config, "compilation_config.custom_ops", wanted,
-                  "the seam's norm and rotary layers run under compilation too (vLLM would run their native "
-                  "forward), so compiled graphs hold the seam's ops")
+                  "the seam's norm, rotary, mrope and encoder-attention layers run under compilation too (vLLM "
+                  "would run their native forward), so compiled graphs hold the seam's ops")
     return [made] if made is not None else []
 
 

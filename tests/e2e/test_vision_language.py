@@ -73,6 +73,12 @@ def test_greedy_tokens_equal_transformers_on_the_same_pixels(run: dict[str, Any]
     # the text decoder's decode steps replayed cpu-graph's captured graphs (mrope positions and all)
     graph = run["report"]["graph"]
     assert graph["captured_sizes"] == [1, 2, 4] and sum(graph["replays"].values()) > 0, graph
+    # ... and those compiled graphs ran the seam's mrope (enabled by its registered name), not vLLM's native
+    # forward: the provider's body counts each call it runs
+    mrope = run["report"]["layer_ops"]["mrope_calls"]
+    assert mrope["plain"] > 0 and mrope["interleaved"] == 0, mrope
+    custom_ops = next(c for c in run["report"]["config_changes"] if c["path"] == "compilation_config.custom_ops")
+    assert "+MRotaryEmbedding" in custom_ops["new"] and "+MMEncoderAttention" in custom_ops["new"], custom_ops
     assert len(set(map(tuple, (o["token_ids"] for o in run["outputs"][:2])))) == 2  # the images steer the answer
 
 

@@ -1,8 +1,9 @@
 """A vision-language model behind ``ascend-kernel serve``: OpenAI chat requests with ``image_url`` parts.
 
 One server for the module (the tiny Qwen2.5-VL, float32, started as a user starts it, through
-tests/e2e/test_serving.py's helper, under vLLM-CPU's default compilation: the text decoder, mrope included,
-is traced once and compiled by inductor with the kernel's options) with ``--max-num-batched-tokens 64``, so a prompt's prefill runs in
+tests/e2e/test_serving.py's helper, with ``ASCEND_KERNEL_LAYER_OPS=ascend``, under vLLM-CPU's default
+compilation: the text decoder, the seam's mrope included, is traced once and compiled by inductor with the
+kernel's options) with ``--max-num-batched-tokens 64``, so a prompt's prefill runs in
 64-token chunks and an image's placeholder run (48 or 80 tokens, starting past the system prompt) is split
 between two steps, and ``--limit-mm-per-prompt '{"image": 2}'``. Requests, one after another, images as
 base64 PNG data URLs:
@@ -82,7 +83,8 @@ def server(vlm: Path, media: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     started = time.perf_counter()
     server = start_server(vlm, tmp_path_factory.mktemp("serve-vlm") / "server.log",
                           "--max-num-batched-tokens", str(CHUNK), "--allowed-local-media-path", str(media),
-                          "--limit-mm-per-prompt", json.dumps({"image": LIMIT, "video": 0}), eager=False)
+                          "--limit-mm-per-prompt", json.dumps({"image": LIMIT, "video": 0}), eager=False,
+                          ASCEND_KERNEL_LAYER_OPS="ascend")
     print(f"VLM server ready in {time.perf_counter() - started:.1f} s")
     yield server
     server.stop()
@@ -116,6 +118,9 @@ def test_chat_with_image_urls_equals_transformers(served: dict[str, Any], oracle
     # compiled: the kernel's inductor options (its fusion passes among them) are recorded only for a compile
     changes = {c["path"] for c in served["report"]["config_changes"]}
     assert "compilation_config.inductor_compile_config" in changes, sorted(changes)
+    # the compiled decoder called the seam's mrope (its provider counts each call), not vLLM's native forward
+    mrope = served["report"]["layer_ops"]["mrope_calls"]
+    assert mrope["plain"] > 0 and mrope["interleaved"] == 0, mrope
 
 
 def test_an_images_placeholders_are_split_by_the_chunked_prefill(served: dict[str, Any], vlm: Path) -> None:
