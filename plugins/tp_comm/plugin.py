@@ -1,9 +1,10 @@
 """The TP-communication plugin: all-reduce (vLLM's own), or sequence parallel (FlashComm v1) per forward pass.
 
 ``sequence-parallel`` is supported only where its mechanism runs: the seam's
-layers (``layer_ops`` ascend: the norm on the token shard, the row-parallel
-linear that reduce-scatters), a dense Llama-shaped model, eager execution,
-one pipeline stage. While ``sequence_parallel`` is on, ``all-reduce`` steps
+layers (``layer_ops`` ascend: the row-parallel linear that hands on partial
+sums, the norm whose opaque op combines them per pass), a dense Llama-shaped
+model, one pipeline stage; eager, compiled or captured alike (the choice is
+read at run time inside the op, never fixed in a traced graph). While ``sequence_parallel`` is on, ``all-reduce`` steps
 aside, so a configuration that asks for sequence parallelism and cannot have
 it stops at start-up with every reason, never runs all-reduce in silence.
 """
@@ -58,9 +59,6 @@ def _sequence_parallel_supported(ctx: Any) -> str | None:
                 f"{', '.join(sorted(DENSE_ARCHITECTURES))} decoder layers so far")
     if int(getattr(_parallel(config), "pipeline_parallel_size", 1) or 1) > 1:
         return "pipeline parallelism: the tokens a stage hands on would be a shard"
-    if model is not None and not getattr(model, "enforce_eager", False):
-        return ("eager only so far (set enforce_eager): a compiled or captured graph would fix the per-pass "
-                "choice at trace time")
     return None
 
 
