@@ -117,9 +117,14 @@ def test_compiled_models_are_supported_the_choice_is_made_at_run_time():
     assert _pick(_ctx(eager=False))[1].chosen == "sequence-parallel"
 
 
+@pytest.mark.parametrize("arch", ["Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV2ForCausalLM"])
+def test_moe_models_are_supported_and_run_sequence_parallel_on_every_pass(arch):
+    policy, record = _pick(_ctx(moe=True, arch=arch, eager=False))
+    assert record.chosen == "sequence-parallel" and policy.is_moe and policy.min_tokens == 1
+
+
 @pytest.mark.parametrize("change, words", [
     (dict(layers=object()), "ASCEND_KERNEL_LAYER_OPS=ascend"),
-    (dict(moe=True), "MoE models"),
     (dict(arch="Gemma2ForCausalLM"), "Gemma2ForCausalLM"),
     (dict(pp=2), "pipeline parallelism"),
 ])

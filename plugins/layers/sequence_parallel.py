@@ -7,7 +7,9 @@ traced, so a model compiled once (vLLM's default compilation) or captured per
 size (cpu-graph) still makes it on every pass:
 
 * a marked row-parallel linear (a decoder layer's ``o_proj`` and
-  ``down_proj``) returns its partial sums, in every pass;
+  ``down_proj``) returns its partial sums, in every pass; so does a marked
+  MoE layer (vLLM's MoE runner skips its final all-reduce: the routed and
+  shared experts' partial sums, whatever the MoE comm method);
 * the marked norm after it (a decoder layer's two norms, the model's final
   norm) calls ``ascend_kernel::tp_add_rms_norm`` on those partial sums, the
   residual and its weight. In an all-reduce pass the op all-reduces, adds and
@@ -127,15 +129,40 @@ def _is_norm(module: Any) -> bool:
     return hasattr(module, "sp_shards") and hasattr(module, "variance_epsilon")
 
 
+def _moe_layers(module: torch.nn.Module) -> list[Any]:
+    """The MoE layers inside a decoder layer whose final all-reduce vLLM's MoE runner would run itself.
+
+    vLLM's runner skips that all-reduce when its config's
+    ``skip_final_all_reduce`` is set (a request it reads at run time, made
+    after construction); the layer's output is then the partial sum of the
+    routed and shared experts, as a row-parallel layer's, for the next marked
+    norm's op to combine.
+    """
+    found = []
+    for inner in module.modules():
+        config = getattr(inner, "moe_config", None)
+        if config is None or not hasattr(config, "skip_final_all_reduce") or inner is module:
+            continue
+        if getattr(config, "is_sequence_parallel", False):
+            raise RuntimeError("sequence parallelism: vLLM's own MoE sequence parallelism (use_sequence_parallel_moe) "
+                               "is on as well; use one of the two")
+        if config.tp_size > 1 or config.ep_size > 1:
+            found.append(inner)
+    return found
+
+
 def mark(model: torch.nn.Module) -> dict[str, int]:
-    """Mark the decoder layers' norms and row-parallel layers and the final norm; fail where the shape differs.
+    """Mark the decoder layers' norms, row-parallel and MoE layers and the final norm; fail where the shape differs.
 
     A decoder layer: a module with norms ``input_layernorm`` and
-    ``post_attention_layernorm``; its row-parallel layers are the ones inside
-    it. The final norm: ``norm`` of the module that holds the decoder layers
-    (``layers``). Returns how many of each were marked.
+    ``post_attention_layernorm``; its row-parallel layers (``o_proj``, a dense
+    MLP's ``down_proj``) and MoE layers are the ones inside it, two in all.
+    The final norm: ``norm`` of the module that holds the decoder layers
+    (``layers``). Returns how many of each were marked (``moe`` only where
+    there were MoE layers).
     """
     counts = {"decoder_layers": 0, "norms": 0, "row_parallel": 0}
+    moe: list[Any] = []
     final = None
     for module in model.modules():
         norms = [getattr(module, n, None) for n in ("input_layernorm", "post_attention_layernorm")]
@@ -148,15 +175,20 @@ def mark(model: torch.nn.Module) -> dict[str, int]:
                 if isinstance(inner, AscendRowParallelLinear) and inner.reduce_results and inner.tp_size > 1:
                     inner.sp_shards = True
                     counts["row_parallel"] += 1
+            moe += _moe_layers(module)
         if isinstance(getattr(module, "layers", None), torch.nn.ModuleList) and _is_norm(getattr(module, "norm", None)):
             final = module.norm
     if not counts["decoder_layers"] or final is None or not getattr(final, "on_seam", False) \
-            or counts["row_parallel"] != 2 * counts["decoder_layers"]:
+            or counts["row_parallel"] + len(moe) != 2 * counts["decoder_layers"]:
         raise RuntimeError(
-            f"sequence parallelism: {type(model).__name__} is not the dense decoder shape its layers were built for "
-            f"(found {counts}, final norm {'found' if final is not None else 'missing'}; expected two seam norms and "
-            "two row-parallel layers per decoder layer, and a final seam norm); set "
-            "ASCEND_KERNEL_SEQUENCE_PARALLEL=false")
+            f"sequence parallelism: {type(model).__name__} is not the decoder shape its layers were built for "
+            f"(found {counts}, {len(moe)} MoE layers, final norm {'found' if final is not None else 'missing'}; "
+            "expected two seam norms and two row-parallel or MoE layers per decoder layer, and a final seam norm); "
+            "set ASCEND_KERNEL_SEQUENCE_PARALLEL=false")
+    for layer in moe:
+        layer.moe_config.skip_final_all_reduce = True
+    if moe:
+        counts["moe"] = len(moe)
     final.sp_shards, final.sp_handle = True, provider_handle(final.seam_ops)
     counts["norms"] += 1
     return counts
