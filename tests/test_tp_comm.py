@@ -316,3 +316,16 @@ def test_one_traced_graph_serves_both_choices_and_the_trace_counts_calls_and_byt
         ar = sum(2 * (WORLD - 1) * t * row // WORLD for t in OP_TOKENS)
         sp = sum(2 * (WORLD - 1) * SequenceParallelPass.of(t, WORLD).padded_tokens * row // WORLD for t in OP_TOKENS)
         assert trace["tp_comm_bytes_sent"] == {"all_reduce": 2 * ar, "sequence_parallel": 2 * sp}
+
+
+def test_vllms_moe_runner_skips_its_final_all_reduce_when_asked_after_construction():
+    """The contract mark() relies on for MoE layers: the config field exists and the runner reads it when it runs."""
+    import dataclasses
+    import inspect
+
+    from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig
+    from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+
+    assert "skip_final_all_reduce" in {f.name for f in dataclasses.fields(FusedMoEConfig)}
+    source = inspect.getsource(MoERunner)
+    assert "self.moe_config.skip_final_all_reduce" in source and "tensor_model_parallel_all_reduce" in source
