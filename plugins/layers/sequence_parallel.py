@@ -138,11 +138,13 @@ def _moe_layers(module: torch.nn.Module) -> list[Any]:
     routed and shared experts, as a row-parallel layer's, for the next marked
     norm's op to combine.
     """
-    found = []
+    found: list[Any] = []
+    inside: set[int] = set()  # modules within a found MoE layer (its experts and runner parts share its config)
     for inner in module.modules():
         config = getattr(inner, "moe_config", None)
-        if config is None or not hasattr(config, "skip_final_all_reduce") or inner is module:
+        if id(inner) in inside or config is None or not hasattr(config, "skip_final_all_reduce") or inner is module:
             continue
+        inside.update(id(m) for m in inner.modules())
         if getattr(config, "is_sequence_parallel", False):
             raise RuntimeError("sequence parallelism: vLLM's own MoE sequence parallelism (use_sequence_parallel_moe) "
                                "is on as well; use one of the two")
