@@ -99,7 +99,10 @@ def _run(mode: str, model: Path, args: argparse.Namespace) -> dict[str, Any]:
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     if proc.returncode != 0:
         raise SystemExit(f"engine {mode} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = [line for line in proc.stdout.splitlines() if line.startswith('{"mode"')]  # vLLM may print on exit
+    if not rows:
+        raise SystemExit(f"engine {mode} printed no result:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return json.loads(rows[-1])
 
 
 def main() -> None:
