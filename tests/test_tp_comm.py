@@ -113,11 +113,19 @@ def test_sequence_parallel_is_chosen_when_asked_for_and_reads_the_threshold():
     assert _pick(_ctx())[0].min_tokens == 1000
 
 
+def test_compiled_models_are_supported_the_choice_is_made_at_run_time():
+    assert _pick(_ctx(eager=False))[1].chosen == "sequence-parallel"
+
+
+@pytest.mark.parametrize("arch", ["Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV2ForCausalLM"])
+def test_moe_models_are_supported_and_run_sequence_parallel_on_every_pass(arch):
+    policy, record = _pick(_ctx(moe=True, arch=arch, eager=False))
+    assert record.chosen == "sequence-parallel" and policy.is_moe and policy.min_tokens == 1
+
+
 @pytest.mark.parametrize("change, words", [
     (dict(layers=object()), "ASCEND_KERNEL_LAYER_OPS=ascend"),
-    (dict(moe=True), "MoE models"),
     (dict(arch="Gemma2ForCausalLM"), "Gemma2ForCausalLM"),
-    (dict(eager=False), "enforce_eager"),
     (dict(pp=2), "pipeline parallelism"),
 ])
 def test_asked_for_where_its_mechanism_cannot_run_is_an_error_with_the_reason_never_a_silent_all_reduce(change, words):
@@ -214,3 +222,110 @@ def test_each_rank_keeps_its_shard_of_the_residual_padding_last(ranks):
     assert [s.shape[0] for s in shards] == [padded // WORLD] * WORLD
     torch.testing.assert_close(torch.cat(shards)[:TOKENS], residual, rtol=1e-12, atol=1e-12)
     assert torch.equal(torch.cat(shards)[TOKENS:], torch.zeros(padded - TOKENS, HIDDEN, dtype=torch.float64))
+
+
+# -- the opaque op: one traced graph, both choices, on two ranks -----------------------------------------------------
+
+OP_TOKENS = (5, 4, 1)  # odd (one pad row), even, a single token (rank 1's shard is all padding)
+
+
+def _op_worker(rank: int, port: int, out_dir: str) -> None:
+    """``ascend_kernel::tp_add_rms_norm`` compiled once (fullgraph), called with the choice flipped per call."""
+    import torch.distributed as dist
+
+    from ascend_kernel.ops.opaque import provider_handle
+    from ascend_kernel.ops.sequence_parallel import GroupComm
+    from ascend_kernel_plugins.layers import sequence_parallel as sp
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    choice = {"record": None}
+    sp.current_pass = lambda: choice["record"]  # what the forward context would hold
+    sp.tp_group = lambda: GroupComm()
+    sp.step_trace = lambda: trace
+    trace = StepTrace()
+    norm = SimpleNamespace(seam_ops=_NormProvider(), weight=torch.nn.Parameter(requires_grad=False, data=1 + torch.arange(HIDDEN,
+                           dtype=torch.float64) / 10), variance_epsilon=1e-6)
+    norm.sp_handle = provider_handle(norm.seam_ops)  # as sp.mark does
+
+    def layer(partial, residual):
+        normed, residual = sp.tp_add_rms_norm(norm, partial * 1.0, residual)
+        return normed * 2.0, residual
+
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True, backend="aot_eager")  # traced, op opaque
+    results = {}
+    for tokens in OP_TOKENS:
+        g = torch.Generator().manual_seed(tokens)
+        residual = torch.randn(tokens, HIDDEN, generator=g, dtype=torch.float64)
+        partial = torch.randn(tokens, HIDDEN, generator=g, dtype=torch.float64) * (rank + 1)
+        for name, record in (("all_reduce", None), ("sequence_parallel", SequenceParallelPass.of(tokens, WORLD))):
+            choice["record"] = record
+            results[(tokens, name, "compiled")] = compiled(partial, residual)
+            results[(tokens, name, "eager")] = layer(partial, residual)
+        summed = partial / (rank + 1) * sum(r + 1 for r in range(WORLD))
+        results[(tokens, "oracle")] = _Norms().add_rms_norm(summed, residual, norm.weight.detach(), 1e-6)
+    results["trace"] = trace.as_dict()
+    results["compiles"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+class _NormProvider(_Norms):
+    name = "tp-comm-test-norms"
+
+
+@pytest.fixture(scope="module")
+def op_ranks(tmp_path_factory) -> list[dict]:
+    return run_ranks(_op_worker, WORLD, tmp_path_factory.mktemp("tp_op"))
+
+
+def test_the_op_gives_the_all_reduce_result_either_way_compiled_or_eager(op_ranks):
+    for got in op_ranks:
+        for tokens in OP_TOKENS:
+            expected, residual = got[(tokens, "oracle")]
+            for name in ("all_reduce", "sequence_parallel"):
+                for mode in ("compiled", "eager"):
+                    normed, _ = got[(tokens, name, mode)]
+                    assert normed.shape == (tokens, HIDDEN)
+                    torch.testing.assert_close(normed, 2 * expected, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(got[(tokens, "all_reduce", "compiled")][1], residual, rtol=1e-12, atol=1e-12)
+
+
+def test_in_a_sequence_parallel_call_each_rank_keeps_its_shard_of_the_residual_and_zeros_elsewhere(op_ranks):
+    for tokens in OP_TOKENS:
+        shard = SequenceParallelPass.of(tokens, WORLD).shard_tokens
+        residual = op_ranks[0][(tokens, "oracle")][1]
+        for rank, got in enumerate(op_ranks):
+            rows = slice(rank * shard, min((rank + 1) * shard, tokens))
+            for mode in ("compiled", "eager"):
+                out = got[(tokens, "sequence_parallel", mode)][1]
+                assert out.shape == (tokens, HIDDEN)
+                torch.testing.assert_close(out[rows], residual[rows], rtol=1e-12, atol=1e-12)
+                kept = torch.zeros(tokens, dtype=torch.bool)
+                kept[rows] = True
+                assert torch.equal(out[~kept], torch.zeros_like(out[~kept]))
+
+
+def test_one_traced_graph_serves_both_choices_and_the_trace_counts_calls_and_bytes(op_ranks):
+    for got in op_ranks:
+        assert got["compiles"] <= 2  # dynamic shapes: the first size, then one symbolic graph; never per choice
+        trace = got["trace"]
+        calls = 2 * len(OP_TOKENS)  # compiled and eager per choice and size
+        assert trace["sequence_parallel_norm_ops"] == {"all_reduce": calls, "sequence_parallel": calls}
+        row = HIDDEN * 8  # float64
+        # ring: an all-reduce sends 2 (p-1)/p of the tensor; reduce-scatter + all-gather the same of the padded one
+        ar = sum(2 * (WORLD - 1) * t * row // WORLD for t in OP_TOKENS)
+        sp = sum(2 * (WORLD - 1) * SequenceParallelPass.of(t, WORLD).padded_tokens * row // WORLD for t in OP_TOKENS)
+        assert trace["tp_comm_bytes_sent"] == {"all_reduce": 2 * ar, "sequence_parallel": 2 * sp}
+
+
+def test_vllms_moe_runner_skips_its_final_all_reduce_when_asked_after_construction():
+    """The contract mark() relies on for MoE layers: the config field exists and the runner reads it when it runs."""
+    import dataclasses
+    import inspect
+
+    from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig
+    from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+
+    assert "skip_final_all_reduce" in {f.name for f in dataclasses.fields(FusedMoEConfig)}
+    source = inspect.getsource(MoERunner)
+    assert "self.moe_config.skip_final_all_reduce" in source and "tensor_model_parallel_all_reduce" in source

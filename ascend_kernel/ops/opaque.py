@@ -63,6 +63,11 @@ def provider_handle(provider: Any) -> str:
     return handle
 
 
+def provider_for(handle: str) -> Any:
+    """The provider a handle from :func:`provider_handle` names in this process (for a plugin's own op)."""
+    return _PROVIDERS[handle]
+
+
 @functools.cache
 def _eager_body(owner_cls: type, op_name: str) -> Callable[..., Any]:
     """The readable body a provider class routes through op ``op_name`` (its method may have another name)."""

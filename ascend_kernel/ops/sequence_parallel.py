@@ -11,6 +11,8 @@ given: gloo on a CPU host (vLLM-CPU's TP device group), HCCL on an NPU.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -55,3 +57,80 @@ def all_gather_tokens(shard: torch.Tensor, num_tokens: int, group: dist.ProcessG
     out = shard.new_empty((shard.shape[0] * world_size, *shard.shape[1:]))
     _all_gather(out, shard, group=group)
     return out[:num_tokens]
+
+
+def ring_bytes(tensor_bytes: int, world_size: int) -> int:
+    """What one rank sends for a reduce-scatter (or an all-gather) of ``tensor_bytes`` full-size bytes over a ring.
+
+    An all-reduce is a reduce-scatter and an all-gather: twice this. It is the
+    figure both choices are compared by (``tp_comm_bytes_sent``), whatever
+    algorithm the backend really runs.
+    """
+    return (world_size - 1) * tensor_bytes // world_size
+
+
+def combine_add_rms_norm(add_rms_norm: Any, partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                         eps: float, sequence_parallel: bool, comm: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Combine the ranks' row-parallel ``partial`` sums, add ``residual`` and RMS-normalise, either way.
+
+    ``comm`` has ``rank_in_group``, ``world_size``, ``all_reduce(x)``,
+    ``reduce_scatter(x, dim)`` and ``all_gather(x, dim)`` (vLLM's TP group
+    coordinator has them). Shapes are those of an all-reduce pass in both
+    choices, so one traced graph serves both: ``partial`` and ``residual``
+    hold every token of the pass, and so do the two outputs.
+
+    * all-reduce: sum ``partial`` over the ranks, then add and normalise
+      every token;
+    * sequence parallel (FlashComm v1): pad to a multiple of the TP size,
+      reduce-scatter, add this rank's shard of ``residual`` and normalise the
+      shard, all-gather the normed shards. The returned residual holds this
+      rank's shard rows; its other rows are zeros, since the next norm reads
+      only this rank's rows again (each rank's shard of the pass is fixed).
+
+    Returns ``(normed, residual, bytes this rank sent)``.
+    """
+    world = comm.world_size
+    tokens = partial.shape[0]
+    row_bytes = partial[:1].numel() * partial.element_size()
+    if not sequence_parallel or world == 1:
+        out, added = add_rms_norm(comm.all_reduce(partial), residual, weight, eps)
+        return out, added, 2 * ring_bytes(tokens * row_bytes, world)
+    padded = -(-tokens // world) * world
+    shard = padded // world
+    rank = comm.rank_in_group
+    summed = comm.reduce_scatter(pad_tokens(partial, padded).contiguous(), 0)
+    lo, hi = rank * shard, min((rank + 1) * shard, tokens)
+    rows = max(hi - lo, 0)
+    residual_shard = residual.new_zeros((shard, *residual.shape[1:]))
+    residual_shard[:rows] = residual[lo:lo + rows]
+    out, added = add_rms_norm(summed, residual_shard, weight, eps)
+    gathered = comm.all_gather(out.contiguous(), 0)[:tokens]
+    residual_out = residual.new_zeros(residual.shape)
+    residual_out[lo:lo + rows] = added[:rows]
+    return gathered, residual_out, 2 * ring_bytes(padded * row_bytes, world)
+
+
+class GroupComm:
+    """``combine_add_rms_norm``'s ``comm`` over a bare ``torch.distributed`` group (tests; vLLM has its own)."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
+        self.rank_in_group = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.clone()
+        dist.all_reduce(x, group=self.group)
+        return x
+
+    def reduce_scatter(self, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        assert dim == 0
+        out = x.new_empty((x.shape[0] // self.world_size, *x.shape[1:]))
+        _reduce_scatter(out, x.contiguous(), group=self.group)
+        return out
+
+    def all_gather(self, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        assert dim == 0
+        out = x.new_empty((x.shape[0] * self.world_size, *x.shape[1:]))
+        _all_gather(out, x.contiguous(), group=self.group)
+        return out

@@ -25,7 +25,7 @@ from ascend_kernel import kernel as kernel_mod
 from ascend_kernel.ops import get_ops
 from ascend_kernel.oot_ops import register_oot
 from ascend_kernel.upstream import rotary_cache_for
-from ascend_kernel_plugins.layers.sequence_parallel import current_pass, norm_on_shard
+from ascend_kernel_plugins.layers.sequence_parallel import tp_add_rms_norm
 
 _built: Counter[str] = Counter()
 
@@ -46,10 +46,8 @@ class AscendRMSNorm(RMSNorm):
         _built["RMSNorm"] += 1
 
     def forward_oot(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if self.sp_shards and residual is not None:
-            step = current_pass()
-            if step is not None:  # this pass runs sequence parallel: the norm on the token shard
-                return norm_on_shard(self, x, residual, step)
+        if self.sp_shards and residual is not None:  # x: a marked row-parallel layer's partial sums
+            return tp_add_rms_norm(self, x, residual)  # all-reduce or sequence parallel, chosen per call
         if not self.on_seam:
             return self.forward_native(x, residual)
         if residual is None:

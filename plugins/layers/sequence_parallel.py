@@ -1,22 +1,30 @@
-"""Sequence parallelism's mechanism in the seam's layers (FlashComm v1), for the passes that choose it.
+"""Sequence parallelism's mechanism in the seam's layers (FlashComm v1), chosen per forward pass at run time.
 
 The TP-communication family chooses per forward pass and publishes the choice
-in vLLM's forward context under ``"tp_comm"`` (a record with the pass's token
-count and its padding; None: all-reduce). In a pass that chose it:
+in vLLM's forward context under ``"tp_comm"`` (a record; None: all-reduce).
+The choice is read at run time inside one opaque op, never while a graph is
+traced, so a model compiled once (vLLM's default compilation) or captured per
+size (cpu-graph) still makes it on every pass:
 
-* a marked row-parallel linear (a decoder layer's ``o_proj`` and ``down_proj``)
-  reduce-scatters its partial sums over the tokens instead of all-reducing
-  them: each rank keeps ``padded / tp`` rows;
-* a marked norm (a decoder layer's two norms, the model's final norm) adds the
-  residual and normalises on that shard, the residual staying a shard (a full
-  one, the first layer's embedding output, is cut to this rank's shard), and
-  all-gathers its output, so the next column-parallel layer (``qkv_proj``,
-  ``gate_up_proj``) and, after the final norm, the lm head see every token.
+* a marked row-parallel linear (a decoder layer's ``o_proj`` and
+  ``down_proj``) returns its partial sums, in every pass; so does a marked
+  MoE layer (vLLM's MoE runner skips its final all-reduce: the routed and
+  shared experts' partial sums, whatever the MoE comm method);
+* the marked norm after it (a decoder layer's two norms, the model's final
+  norm) calls ``ascend_kernel::tp_add_rms_norm`` on those partial sums, the
+  residual and its weight. In an all-reduce pass the op all-reduces, adds and
+  normalises (vLLM's own order of work); in a sequence-parallel pass it
+  reduce-scatters, adds and normalises this rank's 1/TP token shard, and
+  all-gathers the normed shards for the next column-parallel layer
+  (``qkv_proj``, ``gate_up_proj``) or the lm head
+  (:func:`ascend_kernel.ops.sequence_parallel.combine_add_rms_norm`).
 
-The first layer's input norm runs without a residual on the embedding's full
-output, as in an all-reduce pass. Only what :func:`mark` marks changes: other
-norms (Qwen3's per-head q/k norms) and row-parallel layers (a vision tower's)
-keep vLLM's behaviour, as do all layers in every pass that chose all-reduce.
+Both choices keep every tensor the graph sees at the pass's full token count
+(the residual the op returns holds this rank's shard rows, zeros elsewhere),
+so a traced graph's shapes hold for both. The first layer's input norm runs
+without a residual on the embedding's full output, as in an all-reduce pass.
+Only what :func:`mark` marks changes: other norms (Qwen3's per-head q/k
+norms) and row-parallel layers (a vision tower's) keep vLLM's behaviour.
 """
 
 from __future__ import annotations
@@ -24,15 +32,23 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.compiler import is_compiling
 from vllm.distributed import get_tp_group, split_tensor_along_last_dim
 from vllm.forward_context import get_forward_context, is_forward_context_available
 from vllm.model_executor.layers.linear import RowParallelLinear
 
-from ascend_kernel.ops.sequence_parallel import all_gather_tokens, reduce_scatter_tokens, token_shard
+from ascend_kernel import kernel as kernel_mod
+from ascend_kernel.ops.opaque import define_op_once, provider_for, provider_handle
+from ascend_kernel.ops.sequence_parallel import combine_add_rms_norm
 from ascend_kernel.oot_ops import register_oot
+from ascend_kernel.upstream import dispatch_mode_depth
 
 #: the forward-context key the TP-communication policy's choice is published under
 CONTEXT_KEY = "tp_comm"
+#: step-trace counters: the op's calls by choice, and the bytes this rank sent in them by choice
+NORM_OPS = "sequence_parallel_norm_ops"
+BYTES_SENT = "tp_comm_bytes_sent"
+OP = "tp_add_rms_norm"
 
 
 def current_pass() -> Any:
@@ -42,15 +58,60 @@ def current_pass() -> Any:
     return get_forward_context().additional_kwargs.get(CONTEXT_KEY)
 
 
+def tp_group() -> Any:
+    """The group the op combines over (vLLM's TP group coordinator)."""
+    return get_tp_group()
+
+
+def step_trace() -> Any:
+    """The step trace the chosen TP policy was handed for this pass (None: a dummy, profile or capture pass)."""
+    kernel = kernel_mod.current_or_none()
+    plan = kernel.plan if kernel is not None else None
+    return getattr(plan.tp_comm, "trace", None) if plan is not None else None
+
+
+def _op_impl(provider: str, partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    sequence_parallel = current_pass() is not None
+    ops = provider_for(provider)
+    out, added, sent = combine_add_rms_norm(ops.add_rms_norm, partial, residual, weight, eps, sequence_parallel,
+                                            tp_group())
+    trace = step_trace()
+    if trace is not None:
+        choice = "sequence_parallel" if sequence_parallel else "all_reduce"
+        trace.count(NORM_OPS, choice)
+        trace.count(BYTES_SENT, choice, sent)
+    return out, added
+
+
+def _op_fake(provider: str, partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(partial), torch.empty_like(residual)
+
+
+define_op_once(OP, "str provider, Tensor partial, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
+               _op_impl, _op_fake)
+
+
+def tp_add_rms_norm(norm: Any, partial: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A marked norm's call: one opaque op while traced (or under a dispatch mode), its body run plainly eagerly.
+
+    ``norm.sp_handle`` (set by :func:`mark`, outside any trace) names the norm's seam provider.
+    """
+    handle = norm.sp_handle
+    if is_compiling() or dispatch_mode_depth():
+        return torch.ops.ascend_kernel.tp_add_rms_norm(handle, partial, residual, norm.weight, norm.variance_epsilon)
+    return _op_impl(handle, partial, residual, norm.weight.data, norm.variance_epsilon)
+
+
 class AscendRowParallelLinear(RowParallelLinear):
-    """vLLM's row-parallel linear; marked, in a sequence-parallel pass, it reduce-scatters the tokens."""
+    """vLLM's row-parallel linear; marked, it returns its partial sums (the next marked norm's op combines them)."""
 
     #: set by :func:`mark` on the decoder layers' output projections
     sp_shards = False
 
     def forward(self, input_: torch.Tensor):
-        step = current_pass() if self.sp_shards and self.reduce_results else None
-        if step is None:
+        if not self.sp_shards:
             return super().forward(input_)
         if self.input_is_parallel:
             input_parallel = input_
@@ -59,62 +120,78 @@ class AscendRowParallelLinear(RowParallelLinear):
         # as vLLM's: the bias joins on rank 0 only, so that the sum over ranks adds it once
         bias = None if (self.tp_rank > 0 or self.skip_bias_add) else self.bias
         partial = self.quant_method.apply(self, input_parallel, bias)
-        group = get_tp_group()
-        output = reduce_scatter_tokens(partial, step.padded_tokens, group.device_group, group.world_size)
         if not self.return_bias:
-            return output
-        return output, (self.bias if self.skip_bias_add else None)
-
-
-def norm_on_shard(norm: Any, x: torch.Tensor, residual: torch.Tensor, step: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """A marked norm in a sequence-parallel pass: add and normalise this rank's shard, all-gather the output.
-
-    ``x`` is a shard (a marked row-parallel layer's output); ``residual`` is a
-    shard, or the full tokens where the decoder layer kept the embedding's
-    output (the first layer): then this rank's shard of it.
-    """
-    group = get_tp_group()
-    if residual.shape[0] != x.shape[0]:
-        residual = token_shard(residual, step.padded_tokens, group.rank_in_group, group.world_size)
-    out, residual = norm.seam_ops.add_rms_norm(x, residual, norm.weight.data, norm.variance_epsilon)
-    return all_gather_tokens(out, step.num_tokens, group.device_group, group.world_size), residual
+            return partial
+        return partial, (self.bias if self.skip_bias_add else None)
 
 
 def _is_norm(module: Any) -> bool:
     return hasattr(module, "sp_shards") and hasattr(module, "variance_epsilon")
 
 
+def _moe_layers(module: torch.nn.Module) -> list[Any]:
+    """The MoE layers inside a decoder layer whose final all-reduce vLLM's MoE runner would run itself.
+
+    vLLM's runner skips that all-reduce when its config's
+    ``skip_final_all_reduce`` is set (a request it reads at run time, made
+    after construction); the layer's output is then the partial sum of the
+    routed and shared experts, as a row-parallel layer's, for the next marked
+    norm's op to combine.
+    """
+    found: list[Any] = []
+    inside: set[int] = set()  # modules within a found MoE layer (its experts and runner parts share its config)
+    for inner in module.modules():
+        config = getattr(inner, "moe_config", None)
+        if id(inner) in inside or config is None or not hasattr(config, "skip_final_all_reduce") or inner is module:
+            continue
+        inside.update(id(m) for m in inner.modules())
+        if getattr(config, "is_sequence_parallel", False):
+            raise RuntimeError("sequence parallelism: vLLM's own MoE sequence parallelism (use_sequence_parallel_moe) "
+                               "is on as well; use one of the two")
+        if config.tp_size > 1 or config.ep_size > 1:
+            found.append(inner)
+    return found
+
+
 def mark(model: torch.nn.Module) -> dict[str, int]:
-    """Mark the decoder layers' norms and row-parallel layers and the final norm; fail where the shape differs.
+    """Mark the decoder layers' norms, row-parallel and MoE layers and the final norm; fail where the shape differs.
 
     A decoder layer: a module with norms ``input_layernorm`` and
-    ``post_attention_layernorm``; its row-parallel layers are the ones inside
-    it. The final norm: ``norm`` of the module that holds the decoder layers
-    (``layers``). Returns how many of each were marked.
+    ``post_attention_layernorm``; its row-parallel layers (``o_proj``, a dense
+    MLP's ``down_proj``) and MoE layers are the ones inside it, two in all.
+    The final norm: ``norm`` of the module that holds the decoder layers
+    (``layers``). Returns how many of each were marked (``moe`` only where
+    there were MoE layers).
     """
     counts = {"decoder_layers": 0, "norms": 0, "row_parallel": 0}
+    moe: list[Any] = []
     final = None
     for module in model.modules():
         norms = [getattr(module, n, None) for n in ("input_layernorm", "post_attention_layernorm")]
         if all(_is_norm(n) and getattr(n, "on_seam", False) for n in norms):
             counts["decoder_layers"] += 1
             for norm in norms:
-                norm.sp_shards = True
+                norm.sp_shards, norm.sp_handle = True, provider_handle(norm.seam_ops)
                 counts["norms"] += 1
             for inner in module.modules():
-                if isinstance(inner, AscendRowParallelLinear) and inner.reduce_results:
+                if isinstance(inner, AscendRowParallelLinear) and inner.reduce_results and inner.tp_size > 1:
                     inner.sp_shards = True
                     counts["row_parallel"] += 1
+            moe += _moe_layers(module)
         if isinstance(getattr(module, "layers", None), torch.nn.ModuleList) and _is_norm(getattr(module, "norm", None)):
             final = module.norm
     if not counts["decoder_layers"] or final is None or not getattr(final, "on_seam", False) \
-            or counts["row_parallel"] != 2 * counts["decoder_layers"]:
+            or counts["row_parallel"] + len(moe) != 2 * counts["decoder_layers"]:
         raise RuntimeError(
-            f"sequence parallelism: {type(model).__name__} is not the dense decoder shape its layers were built for "
-            f"(found {counts}, final norm {'found' if final is not None else 'missing'}; expected two seam norms and "
-            "two row-parallel layers per decoder layer, and a final seam norm); set "
-            "ASCEND_KERNEL_SEQUENCE_PARALLEL=false")
-    final.sp_shards = True
+            f"sequence parallelism: {type(model).__name__} is not the decoder shape its layers were built for "
+            f"(found {counts}, {len(moe)} MoE layers, final norm {'found' if final is not None else 'missing'}; "
+            "expected two seam norms and two row-parallel or MoE layers per decoder layer, and a final seam norm); "
+            "set ASCEND_KERNEL_SEQUENCE_PARALLEL=false")
+    for layer in moe:
+        layer.moe_config.skip_final_all_reduce = True
+    if moe:
+        counts["moe"] = len(moe)
+    final.sp_shards, final.sp_handle = True, provider_handle(final.seam_ops)
     counts["norms"] += 1
     return counts
 

@@ -1,9 +1,11 @@
 """The TP-communication plugin: all-reduce (vLLM's own), or sequence parallel (FlashComm v1) per forward pass.
 
 ``sequence-parallel`` is supported only where its mechanism runs: the seam's
-layers (``layer_ops`` ascend: the norm on the token shard, the row-parallel
-linear that reduce-scatters), a dense Llama-shaped model, eager execution,
-one pipeline stage. While ``sequence_parallel`` is on, ``all-reduce`` steps
+layers (``layer_ops`` ascend: the row-parallel linear that hands on partial
+sums, the norm whose opaque op combines them per pass), a Llama-shaped dense
+model or a MoE model of the architectures listed (any MoE comm method: the
+MoE layer hands on partial sums too), one pipeline stage; eager, compiled or captured alike (the choice is
+read at run time inside the op, never fixed in a traced graph). While ``sequence_parallel`` is on, ``all-reduce`` steps
 aside, so a configuration that asks for sequence parallelism and cannot have
 it stops at start-up with every reason, never runs all-reduce in silence.
 """
@@ -22,6 +24,9 @@ ASCEND_KERNEL_ESSENTIAL = "the runner needs a TP-communication policy, if only v
 #: the architectures whose decoder layers the sequence-parallel layers were checked on (norm, attention with a
 #: row-parallel o_proj, norm, MLP with a row-parallel down_proj, residual through the norms, a final norm)
 DENSE_ARCHITECTURES = frozenset({"LlamaForCausalLM"})
+#: the MoE ones: the same, with vLLM's MoE layer (its runner's final all-reduce skipped) in place of the MLP
+MOE_ARCHITECTURES = frozenset({"Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV2ForCausalLM"})
+ARCHITECTURES = DENSE_ARCHITECTURES | MOE_ARCHITECTURES
 ASKED = "ASCEND_KERNEL_SEQUENCE_PARALLEL, or vllm-ascend's additional_config enable_flashcomm1"
 
 
@@ -49,18 +54,13 @@ def _sequence_parallel_supported(ctx: Any) -> str | None:
     if not getattr(ctx.chosen.get("layer_ops"), "sequence_parallel_layers", False):
         return ("the chosen layer ops have no sequence-parallel norm and row-parallel layer: "
                 "set ASCEND_KERNEL_LAYER_OPS=ascend")
-    if is_moe(config):
-        return "MoE models: the MoE layer's combine does not reduce-scatter yet (dense models only so far)"
     model = getattr(config, "model_config", None)
     architectures = set(getattr(getattr(model, "hf_config", None), "architectures", None) or ())
-    if model is not None and not architectures & DENSE_ARCHITECTURES:
+    if model is not None and not architectures & ARCHITECTURES:
         return (f"architecture {sorted(architectures)}: sequence parallelism is built for "
-                f"{', '.join(sorted(DENSE_ARCHITECTURES))} decoder layers so far")
+                f"{', '.join(sorted(ARCHITECTURES))} decoder layers so far")
     if int(getattr(_parallel(config), "pipeline_parallel_size", 1) or 1) > 1:
         return "pipeline parallelism: the tokens a stage hands on would be a shard"
-    if model is not None and not getattr(model, "enforce_eager", False):
-        return ("eager only so far (set enforce_eager): a compiled or captured graph would fix the per-pass "
-                "choice at trace time")
     return None
 
 

@@ -74,7 +74,7 @@ class SequenceParallelPolicy:
     sequence-parallel layers; ``select`` is the runner's per-pass call.
     """
 
-    __slots__ = ("tp_size", "is_moe", "min_tokens", "_passes")
+    __slots__ = ("tp_size", "is_moe", "min_tokens", "_passes", "trace")
     name = "sequence-parallel"
     shards_tokens = True
 
@@ -84,10 +84,14 @@ class SequenceParallelPolicy:
         self.min_tokens = min_tokens
         #: one record per token count seen (bounded by the scheduler's token budget)
         self._passes: dict[int, SequenceParallelPass] = {}
+        #: the step trace of the pass selected last (None: a dummy, profile or capture pass); the layers' op
+        #: counts its calls and the bytes it sent there
+        self.trace: Any = None
 
     def select(self, num_tokens: int, trace: Any = None) -> SequenceParallelPass | None:
         """This pass's record, or None (all-reduce); a scheduled step's choice is counted in ``trace``."""
         sequence_parallel = num_tokens >= self.min_tokens and num_tokens > 0
+        self.trace = trace
         if trace is not None:
             trace.count(STEP_COUNTER, SEQUENCE_PARALLEL if sequence_parallel else ALL_REDUCE)
         if not sequence_parallel:

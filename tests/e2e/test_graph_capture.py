@@ -244,13 +244,17 @@ def test_full_decode_only_mtp_on_mla(tmp_path_factory):
 
 def test_full_decode_only_mla_moe_at_tp2_with_expert_parallel(tmp_path_factory):
     """DeepSeek-V2 at TP=2 with expert parallelism: both ranks replay whole-model artifacts whose routed-experts
-    op runs the comm methods' gloo collectives."""
+    op runs the comm methods' gloo collectives. Sequence parallelism is on (``enable_flashcomm1``, the seam's
+    layers): a MoE model runs it on every pass, the replayed decode artifacts included, the norms' opaque op
+    choosing at run time."""
     from ascend_kernel.models import create_tiny_model
 
     model = create_tiny_model("deepseek_v2", tmp_path_factory.mktemp("graph_full_ep") / "deepseek_v2")
     run = generate(model, *FULL, "--capture-sizes", "4",  # the padded decode batch's size only (see above)
                    "--engine-arg", "tensor_parallel_size=2", "--engine-arg", "enable_expert_parallel=True",
-                   env=ascend_env(VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_OMP_THREADS_BIND="0|1"),
+                   "--additional-config", '{"enable_flashcomm1": true}',
+                   env=ascend_env(VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_OMP_THREADS_BIND="0|1",
+                                  ASCEND_KERNEL_LAYER_OPS="ascend"),
                    max_tokens=MAX_TOKENS)
     oracle = hf_greedy(model, [o["prompt_token_ids"] for o in run["outputs"]], MAX_TOKENS)
     assert_same_tokens(model, run, oracle)
@@ -259,3 +263,9 @@ def test_full_decode_only_mla_moe_at_tp2_with_expert_parallel(tmp_path_factory):
     assert graph["replays"].get("4", 0) > 0, graph
     for rank in run["report"]["ranks"]:
         assert all(n > 0 for n in rank["trace"]["moe_tokens"].values()), rank["trace"]
+        # every scheduled pass ran sequence parallel (MoE: from 1 token), replays included; never an all-reduce
+        steps = rank["trace"]["sequence_parallel_steps"]
+        assert set(steps) == {"sequence_parallel"} and steps["sequence_parallel"] == rank["trace"]["steps"], steps
+        ops = rank["trace"]["sequence_parallel_norm_ops"]
+        assert set(ops) == {"sequence_parallel"} and ops["sequence_parallel"] > 0, ops
+    assert run["report"]["layer_ops"]["sequence_parallel"]["moe"] > 0, run["report"]["layer_ops"]

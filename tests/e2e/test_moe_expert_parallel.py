@@ -40,8 +40,11 @@ SCENARIOS = {
     # in the automatic runs named above, MC2's fallback below and the third party's prefills; on int8/int4 experts
     # in tests/e2e/test_quantization.py; every batch shape on two ranks in the conformance kit's distributed tests
     # (tests/moe/test_comm_methods.py)
-    # forced MC2: the prefill is over its capacity and takes its fallback, counted
-    "qwen2_moe-mc2": ("qwen2_moe", {"ASCEND_KERNEL_MOE_COMM_METHOD": "mc2"}, {"mc2", "alltoall"}, {"mc2->alltoall"}),
+    # forced MC2: the prefill is over its capacity and takes its fallback, counted; with sequence parallelism on
+    # (the seam's layers), which a MoE model runs on every pass: the MoE layer hands on partial sums whatever the
+    # method, and the next norm's op reduce-scatters them
+    "qwen2_moe-mc2": ("qwen2_moe", {"ASCEND_KERNEL_MOE_COMM_METHOD": "mc2", "ASCEND_KERNEL_LAYER_OPS": "ascend",
+                                    "ASCEND_KERNEL_SEQUENCE_PARALLEL": "1"}, {"mc2", "alltoall"}, {"mc2->alltoall"}),
     # a third party's policy (tests/thirdparty/ak_moe_plugin) returning its own method and a built-in one
     "qwen2_moe-thirdparty": ("qwen2_moe", {"ASCEND_KERNEL_MOE_COMM": "demo-moe",
                                            "PYTHONPATH": str(REPO / "tests" / "thirdparty")},
@@ -81,6 +84,20 @@ def test_expert_parallel_moe_equals_transformers(models, scenario):
     check_expert_parallel_run(run, must_run, fallbacks)
     if "ASCEND_KERNEL_MOE_COMM_METHOD" in settings:
         assert run["report"]["moe_comm"]["forced"] == settings["ASCEND_KERNEL_MOE_COMM_METHOD"].replace("_", "-")
+    if "ASCEND_KERNEL_SEQUENCE_PARALLEL" in settings:
+        check_sequence_parallel_ran(run)
+
+
+def check_sequence_parallel_ran(run: dict) -> None:
+    """Every scheduled pass of a MoE model chose sequence parallelism, and the norms' op ran it on every rank."""
+    report = run["report"]
+    assert report["tp_comm"]["policy"] == "sequence-parallel" and report["tp_comm"]["model_kind"] == "moe"
+    assert report["layer_ops"]["sequence_parallel"].get("moe", 0) > 0, report["layer_ops"]
+    for rank in report["ranks"]:
+        trace = rank["trace"]
+        assert trace["sequence_parallel_steps"] == {"sequence_parallel": trace["steps"]}, trace
+        assert set(trace["sequence_parallel_norm_ops"]) == {"sequence_parallel"}, trace
+        assert trace["tp_comm_bytes_sent"]["sequence_parallel"] > 0, trace
 
 
 def check_expert_parallel_run(run: dict, must_run: set[str], fallbacks: set[str]) -> None:

