@@ -48,8 +48,9 @@ def test_decision_and_config_changes_say_why(graph_run):
 
 
 def test_moe_model_and_ascend_backend_between_captured_pieces(tmp_path_factory):
-    """Qwen3-MoE: the routed experts are one opaque op inside the captured pieces; the comm method still runs per
-    batch. The Ascend attention backend (reference ops) runs between the pieces; one size keeps start-up short.
+    """Qwen3-MoE at TP=1: Dynamo traces the routed experts (gating and vLLM-CPU's fused kernel) into the captured
+    pieces (moe_comm/traced_experts.py), as stock vLLM-CPU does; the comm method is still chosen per batch. The
+    Ascend attention backend (reference ops) runs between the pieces; one size keeps start-up short.
 
     The seam's norm and rotary layers (``layer_ops=ascend``) are in the pieces, so the fusion passes run on
     each per-size artifact: Qwen3's per-head q/k norms and rotary become one ``qk_norm_rope`` per layer (one

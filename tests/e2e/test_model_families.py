@@ -177,6 +177,8 @@ def test_moe_models_under_vllms_default_compilation(models, arch, tmp_path_facto
     fusion = {p["name"]: p for p in run["report"]["fusion"]}
     assert fusion["muls-add"]["enabled"] and fusion["muls-add"]["matches"] == moe_layers(models[arch]), fusion
     assert run["report"]["trace"]["moe_methods"] == {"naive_multicast": 1, "allgather": MAX_TOKENS - 1}
+    # TP=1, no EP: Dynamo traced the routed experts (vLLM-CPU's fused kernel in the graph, as stock compiles it)
+    assert run["report"]["moe_comm"]["experts_under_compile"]["traced"] is True, run["report"]["moe_comm"]
     changes = {c["path"]: c for c in run["report"]["config_changes"]}
     inductor = changes["compilation_config.inductor_compile_config"]
     assert "'reorder_for_peak_memory': False" in inductor["new"] and inductor["plugin"] == "graph", inductor
