@@ -4,7 +4,7 @@ Engines (each in its own process; the seam's layers on, ``layer_ops=ascend``,
 so the graphs hold the seam ops the passes match): for each compile path,
 ``compiled`` (vLLM-CPU's default compilation: Dynamo once, then inductor) and
 ``cpu-graph`` (the kernel's per-size artifacts, piecewise), one engine with
-every fusion pass on and one with them all forced off
+every fusion pass set on (explicitly: muls-add stands down on a CPU host by default) and one with them all forced off
 (``fuse_norm_quant/fuse_qknorm_rope/fuse_muls_add=false``). Rounds as in
 bench/graph.py: each engine runs blocks of two greedy generations (``--tokens``
 and 1 token) per batch size; the difference is the decode time. Seam-op calls
@@ -35,6 +35,8 @@ from engine_pipe import EnginePipe
 PROMPT = "The quick brown fox jumps over the lazy dog while the"
 PATHS = ("compiled", "cpu-graph")
 OFF = {"fuse_norm_quant": False, "fuse_qknorm_rope": False, "fuse_muls_add": False}
+#: every pass set on explicitly (muls-add stands down on a CPU host unless set: this measures it there too)
+ON = {name: True for name in OFF}
 
 
 def _count_seam_calls() -> dict[str, int]:
@@ -74,7 +76,7 @@ def worker(path: str, fused: bool, model: str, sizes: list[int]) -> None:
         from ascend_kernel.cli import engine
 
         engine.prepare_process(kernel=True)
-        section: dict[str, Any] = {"layer_ops": "ascend", **({} if fused else OFF)}
+        section: dict[str, Any] = {"layer_ops": "ascend", **(ON if fused else OFF)}
         if path == "cpu-graph":
             section.update(graph_mode="cpu-graph", graph_capture_sizes=sizes)
         request = engine.EngineRequest(model=model, kernel=True, enforce_eager=False,

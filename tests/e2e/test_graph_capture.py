@@ -88,8 +88,9 @@ def test_mla_moe_at_tp2_with_expert_parallel_between_captured_pieces(tmp_path_fa
 
     The model scales its routed experts (``routed_scaling_factor`` 2.0, a power of two: vLLM scales the routed
     sum, transformers the routing weights, and both are exact), so each MoE layer's ``routed * 2.0 + shared``
-    stands in every per-size artifact and the fusion pass makes it one ``muls_add`` there (one capture size:
-    one compiled graph per piece; rank 0's count).
+    stands in every per-size artifact and the fusion pass, set on explicitly (on a CPU host it stands down by
+    default: inductor fuses the plain mul + add better), makes it one ``muls_add`` there (one capture size: one
+    compiled graph per piece; rank 0's count).
     """
     from ascend_kernel.models import create_tiny_model
 
@@ -101,6 +102,7 @@ def test_mla_moe_at_tp2_with_expert_parallel_between_captured_pieces(tmp_path_fa
     run = generate(model, "--graph-mode", "cpu-graph", "--capture-sizes", "4",
                    "--engine-arg", "tensor_parallel_size=2", "--engine-arg", "enable_expert_parallel=True",
                    env=clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_ATTENTION_BACKEND="ascend",
+                                 ASCEND_KERNEL_FUSE_MULS_ADD="true",
                                  VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_OMP_THREADS_BIND="0|1",
                                  **compiles_every_graph(tmp_path_factory)),
                    max_tokens=MAX_TOKENS)
