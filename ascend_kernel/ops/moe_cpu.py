@@ -6,8 +6,10 @@ MoE layers at about half of stock vLLM-CPU's speed. vLLM's kernel does gate/up
 projection, SiLU-and-mul, down projection and the weighted sum over a token's
 experts in one call over prepacked weights, the way stock vLLM-CPU runs MoE.
 
-Two ops, both registered torch ops (opaque to Dynamo) and both checked
-against the reference ops in ``tests/ops/test_moe_cpu.py``:
+Two ops, both registered torch ops (opaque to Dynamo; the weighted one is
+traceable, so a compiled TP=1 MoE layer puts the kernel's call in its graph, as
+stock does) and both checked against the reference ops in
+``tests/ops/test_moe_cpu.py``:
 
 * ``cpu_grouped_expert_mlp(rows, counts)``: the seam's expert MLP, rows
   grouped by local expert (``counts[i]`` rows for expert ``i``), rows past the
