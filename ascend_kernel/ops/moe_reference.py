@@ -30,7 +30,7 @@ def _check_range(active_expert_range: tuple[int, int], num_experts: int) -> tupl
 
 
 class ReferenceMoEOps:
-    @seam_op("moe_gating_top_k_softmax")
+    @seam_op("moe_gating_top_k_softmax", traceable=True)
     def moe_gating_top_k_softmax(self, router_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Router probabilities: softmax over the experts (float32), then the ``k`` best.
 
@@ -38,7 +38,9 @@ class ReferenceMoEOps:
         int32), each row in descending order of weight. The weights are *not*
         renormalised to sum to 1: models differ there (``renormalize``), so the
         caller does it. Softmax is taken in float32 whatever the logits' dtype,
-        because bf16 probabilities would change which experts tie.
+        because bf16 probabilities would change which experts tie. Traceable:
+        compiled on a CPU host, softmax and top-k join the graph (inductor
+        fuses them with the renormalisation after them).
         """
         if not 0 < k <= router_logits.shape[-1]:
             raise ValueError(f"k={k} must be in [1, {router_logits.shape[-1]}]")

@@ -22,6 +22,13 @@ stand-in for device graphs), the decorated method calls
 ``torch.ops.ascend_kernel.swiglu(handle, x)`` (one opaque op); run plainly
 eagerly, it calls the body directly (the op would run the same body, a few
 microseconds later). ``method.eager`` is the original body.
+
+``seam_op(..., traceable=True)`` marks a body Dynamo can trace (no host
+reads, no data-dependent shapes). Under compilation on a CPU provider
+(:data:`CPU_PROVIDERS`) such a body is traced in place of the opaque call, so
+inductor fuses across it (the MoE layer's gating and vLLM-CPU's fused expert
+kernel: stock vLLM-CPU traces the same computation). The NPU provider always
+stays one opaque op: its kernels are what the graph must call.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ _dispatch_modes = dispatch_mode_depth  # > 0 while a TorchDispatchMode is active
 _LIB = torch.library.Library("ascend_kernel", "FRAGMENT")  # noqa: TOR901 - a namespace of our own
 _PROVIDERS: dict[str, Any] = {}
 _DEFINED: set[str] = set()
+#: providers whose traceable bodies Dynamo traces (pure torch, or vLLM-CPU's own ops with fakes); never torch_npu
+CPU_PROVIDERS = frozenset({"reference", "cpu_fused"})
 
 
 def provider_handle(provider: Any) -> str:
@@ -108,12 +117,14 @@ def define_op_once(name: str, schema: str, impl: Callable[..., Any], fake: Calla
     _DEFINED.add(name)
 
 
-def seam_op(name: str, schema: str | None = None,
-            fake: Callable[..., Any] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def seam_op(name: str, schema: str | None = None, fake: Callable[..., Any] | None = None, *,
+            traceable: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Route a provider method through the registered op ``name``.
 
     The seam's ops are defined in :mod:`.moe_fakes`; a plugin may define its
     own by giving the schema (arguments after the handle) and the fake.
+    ``traceable``: while Dynamo compiles, a provider in :data:`CPU_PROVIDERS`
+    runs the body itself (Dynamo traces it) instead of the opaque op.
     """
     if schema is None:
         for known, (known_schema, known_fake) in moe_fakes.SCHEMAS.items():
@@ -128,10 +139,13 @@ def seam_op(name: str, schema: str | None = None,
         def call(self: Any, *args: Any) -> Any:
             if not is_compiling() and not _dispatch_modes():  # plain eager: the body, no trip through the dispatcher
                 return method(self, *args)
+            if traceable and is_compiling() and getattr(self, "name", None) in CPU_PROVIDERS:
+                return method(self, *args)  # Dynamo traces the body: inductor sees (and fuses) what it computes
             return op(provider_handle(self), *args)
 
         call.eager = method  # type: ignore[attr-defined]
         call.seam_op_name = name  # type: ignore[attr-defined]
+        call.traceable = traceable  # type: ignore[attr-defined]
         return call
 
     return wrap

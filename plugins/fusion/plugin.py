@@ -5,7 +5,8 @@ shows it built, or why not: forced off by its setting (vllm-ascend's own
 ``ascend_compilation_config`` keys: ``fuse_norm_quant``, ``fuse_qknorm_rope``,
 ``fuse_muls_add``), or nothing for it to fuse in this engine (the model's
 norms run vLLM's own layers, no routed scaling, a dtype the NPU's fused
-kernels do not take). The passes run where the platform's pass manager and
+kernels do not take), or, for muls-add on a CPU host, slower than what inductor
+makes of the unfused graph (it stands down unless ``fuse_muls_add`` is set). The passes run where the platform's pass manager and
 the kernel's compiles put them (:mod:`ascend_kernel.ops.pass_manager`).
 """
 
@@ -70,6 +71,22 @@ def _muls_add_applies(ctx: Any) -> str | None:
     return None
 
 
+def _muls_add_on_host(ctx: Any) -> str | None:
+    """On a CPU host the pass stands down unless ``fuse_muls_add`` is set explicitly.
+
+    Why (measured, bench/fusion.py on a DeepSeek-V2 with routed_scaling_factor
+    2.0, compiled): inductor already merges the plain ``x * scale + y`` into
+    the pointwise kernel around it, while ``muls_add`` is one more opaque seam
+    call per MoE layer and decode step that inductor cannot fuse. On an NPU the
+    fused op is one kernel in place of two, and the pass runs.
+    """
+    if ctx.device.kind == "npu" or MulsAddPass.setting in ctx.settings.model_fields_set:
+        return None
+    return (f"stands down on a CPU host: inductor already fuses x * scale + y into its own pointwise kernel, and "
+            f"muls_add would add one opaque seam call per MoE layer and step (slower, bench/fusion.py); "
+            f"{type(ctx.settings).env_name(MulsAddPass.setting)}=true forces it on")
+
+
 def _first(*checks: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
     def supports(ctx: Any) -> str | None:
         return next((why for why in (check(ctx) for check in checks) if why is not None), None)
@@ -95,6 +112,6 @@ def ascend_kernel_fusion_passes() -> list[Implementation]:
                        supports=_first(off(QkNormRopePass.setting), _seam_layers, _npu_dtype), priority=20,
                        description=QkNormRopePass.description),
         Implementation(family="fusion_pass", name=MulsAddPass.name, factory=_muls_add,
-                       supports=_first(off(MulsAddPass.setting), _muls_add_applies), priority=10,
+                       supports=_first(off(MulsAddPass.setting), _muls_add_applies, _muls_add_on_host), priority=10,
                        description=MulsAddPass.description),
     ]

@@ -21,7 +21,10 @@ forward context (the engine running it, not a process-wide table; the name
 is what a compiled graph cached on disk can keep) and reads the comm method
 there when it *runs*, so every batch still gets its own method, and the
 collectives, data-dependent shapes and host reads of the comm methods never
-enter a traced graph. Gating is a seam op of its own (also opaque).
+enter a traced graph. Gating is a seam op of its own (also opaque). At TP=1
+without expert parallelism on a CPU host both are traced instead (vLLM-CPU's
+fused kernel over the whole batch, as stock does; ``traced_experts.py`` says
+where and why).
 
 Layers the seam kernels do not cover (another activation, biased or clamped
 experts, router weights applied to the input) keep vLLM's own kernel, with
@@ -46,7 +49,8 @@ from ascend_kernel.ops.opaque import define_op_once
 from ascend_kernel.runner.kernel_runner import current_trace
 from ascend_kernel_plugins.moe_comm.eplb_map import TokenHashes, to_physical
 from ascend_kernel.ops.moe_experts import LocalExperts, gather_expert_maps, slot_table
-from ascend_kernel_plugins.moe_comm.methods.base import run_method
+from ascend_kernel_plugins.moe_comm.methods.base import MoECommMethod, run_method
+from ascend_kernel_plugins.moe_comm import traced_experts
 from ascend_kernel.ops.moe_parallel import MoEParallel
 
 logger = logging.getLogger("ascend_kernel")
@@ -80,6 +84,10 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         super().__init__(moe)
         kernel = kernel_mod.current()
         self.seam_ops = get_ops(kernel.settings.ops_provider, kernel.device_info.kind)
+        self.trace_experts_setting = bool(getattr(kernel.settings, traced_experts.SETTING, True))
+        self.compiled = traced_experts.compiled_model()
+        #: Dynamo traces the routed experts under compilation (traced_experts.py), decided after loading
+        self.traced_experts = False
         self.local_experts: LocalExperts | None = None
         self.parallel = MoEParallel.single()
         self.seam_gating = False
@@ -113,6 +121,16 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         self.seam_gating = plain_softmax_routing(layer)
         self.renormalize = bool(layer.renormalize)
         self.layer_name = layer.layer_name  # the routed-experts op finds this method by it, in the forward context
+        self.decide_traced_experts()
+
+    def decide_traced_experts(self) -> None:
+        """Trace or keep opaque the routed experts under compilation (traced_experts.py); recorded for the report."""
+        policy = kernel_mod.current().plan.moe_comm if kernel_mod.current().plan is not None else None
+        reason = traced_experts.traced_experts_reason(
+            enabled=self.trace_experts_setting, compiled=self.compiled, tp_size=self.moe.moe_parallel_config.tp_size,
+            parallel=self.parallel, experts=self.local_experts, policy=policy, eplb=self.eplb)
+        self.traced_experts = reason is None
+        traced_experts.record(policy, reason)
 
     def build_local_experts(self, layer: Any, slot_of: torch.Tensor, local: int) -> LocalExperts:
         """This rank's experts in the layout their kernel wants, stored once in place of vLLM's copy.
@@ -132,6 +150,7 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         if self.local_experts is None:
             raise RuntimeError(f"MoE layer {getattr(self, 'layer_name', '?')} keeps vLLM's kernel and cannot join EPLB")
         self.eplb = layer_state
+        self.traced_experts = False  # expert ids are mapped and counted per batch on the host
         self.token_hashes = TokenHashes()  # this layer's table of token hashes (eplb_map.py)
 
     def apply(self, layer: Any, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
@@ -152,6 +171,8 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
     def routed_experts(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """One opaque op while Dynamo traces (it finds this method again by layer name); eagerly, a direct call."""
         if is_compiling():
+            if self.traced_experts:  # TP=1, no EP, vLLM-CPU's fused kernel: Dynamo traces it (traced_experts.py)
+                return MoECommMethod.single_rank_weighted_mlp(x, topk_weights, topk_ids, self.local_experts)
             return torch.ops.ascend_kernel.moe_routed_experts(x, topk_weights, topk_ids, self.layer_name)
         return self.run_experts(x, topk_weights, topk_ids)
 

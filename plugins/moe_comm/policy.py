@@ -75,7 +75,8 @@ class AscendMoECommPolicy:
     """Per-batch method choice; all config facts are read once at build time."""
 
     __slots__ = ("is_moe", "expert_parallel", "soc", "capacity", "world_size", "min_mc2_world",
-                 "w4a8", "allgather_only", "sequence_parallel", "selector", "select")
+                 "w4a8", "allgather_only", "sequence_parallel", "selector", "select",
+                 "experts_under_compile")
 
     def __init__(self, *, is_moe: bool, expert_parallel: bool, soc: str | None, capacity: int,
                  world_size: int, min_mc2_world: int, w4a8: bool, allgather_only: bool,
@@ -91,6 +92,8 @@ class AscendMoECommPolicy:
         self.sequence_parallel = sequence_parallel
         self.selector: MethodSelector | None = None
         self.select = self.decide  # replaced by the selector's once bound to the methods table
+        #: whether compiled MoE layers trace their routed experts, and why (traced_experts.record)
+        self.experts_under_compile: dict[str, Any] | None = None
 
     def bind(self, table: Any, forced: str | None) -> "AscendMoECommPolicy":
         """Serve method objects from ``table``; checks every name this policy can return is in it."""
@@ -129,7 +132,8 @@ class AscendMoECommPolicy:
         return {"methods": {name: m.describe() for name, m in sorted(methods.items())},
                 "forced": self.selector.forced if self.selector is not None else None,
                 # the rules' inputs: the EP world spans the DP ranks (world_size_across_dp)
-                "expert_parallel": self.expert_parallel, "world_size": self.world_size}
+                "expert_parallel": self.expert_parallel, "world_size": self.world_size,
+                "experts_under_compile": self.experts_under_compile}
 
     @classmethod
     def from_context(cls, ctx: Any) -> "AscendMoECommPolicy":

@@ -19,7 +19,7 @@ SETTING = "ASCEND_KERNEL_MOE_COMM_METHOD"
 
 
 class MethodSelector:
-    __slots__ = ("table", "forced", "rule")
+    __slots__ = ("table", "forced", "rule", "names")
 
     def __init__(self, table: Mapping[str, Any], rule: Callable[[int, bool], str | None], possible: Iterable[str],
                  forced: str | None, policy: str) -> None:
@@ -29,11 +29,17 @@ class MethodSelector:
             possible = [forced]
         self.forced = normalise_name(forced) if forced is not None else None
         installed = ", ".join(sorted(table)) or "none"
+        #: every method name a batch can get: the policy's (or the forced) names and their fallbacks
+        self.names: set[str] = set()
         for name in possible:
-            self._chain(name, installed, policy)
+            self.names.update(self._chain(name, installed, policy))
 
-    def _chain(self, name: str, installed: str, policy: str) -> None:
-        """The method and every fallback after it must be installed, and the chain must end."""
+    def reachable(self) -> list[Any]:
+        """The method objects some batch can be served by (sorted by name)."""
+        return [self.table[name] for name in sorted(self.names)]
+
+    def _chain(self, name: str, installed: str, policy: str) -> list[str]:
+        """The method and every fallback after it must be installed, and the chain must end (returned)."""
         seen: list[str] = []
         while name is not None:
             name = normalise_name(name)
@@ -47,6 +53,7 @@ class MethodSelector:
                     f"Installed methods: {installed} (is the plugin that provides it installed and enabled?)")
             seen.append(name)
             name = self.table[name].fallback
+        return seen
 
     def select(self, num_tokens: int, with_prefill: bool) -> Any:
         name = self.rule(num_tokens, with_prefill)

