@@ -20,8 +20,8 @@ class TpCommSettings(BaseModel):
         False, description="Sequence parallelism for tensor-parallel communication (vllm-ascend's enable_flashcomm1, "
         "FlashComm v1): reduce-scatter after row-parallel layers, norms and the residual on the 1/TP token shard, "
         "all-gather before column-parallel ones, tokens padded to a multiple of TP; chosen per forward pass by its "
-        "token count (sp_min_tokens). Dense Llama-shaped models, eager or compiled, the seam's layers "
-        "(layer_ops ascend). The MoE communication policy reads it.")
+        "token count (sp_min_tokens). Llama and the Qwen3-MoE / Qwen2-MoE / DeepSeek-V2 MoE models, eager or compiled, "
+        "the seam's layers (layer_ops ascend). The MoE communication policy reads it.")
     sp_min_tokens: int | None = Field(
         None, ge=1, description="Sequence parallelism runs on forward passes of at least this many tokens (others "
         "all-reduce). Unset: 1,000 for dense models (vllm-ascend's threshold), 1 (every pass) for MoE models.")
