@@ -26,6 +26,7 @@ Bearer KEY`` the answer is 401 ``{"error": "Unauthorized"}``, as for ``/v1``.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 REPORT_PATH = "/ascend-kernel/report"
@@ -154,12 +155,39 @@ class KernelReportMiddleware:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago."""
+    """A TCP port that was free on ``host`` a moment ago, below the OS's ephemeral range when it can be.
+
+    Whoever asks binds the port only later, often after loading a model (an
+    API server, a Mooncake bootstrap server). A port the OS picked for a
+    ``bind(0)`` is one it hands out again, meanwhile, to any socket asking for
+    an ephemeral port (seen: a producer's bootstrap server failing with
+    EADDRINUSE while another engine started). Below that range only an explicit
+    bind can take it; a random pick there keeps two callers apart.
+    """
+    import random
     import socket
 
+    low = _ephemeral_range_start()
+    pick = random.SystemRandom()
+    for _ in range(64):
+        port = pick.randrange(max(1024, low // 2), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def _ephemeral_range_start() -> int:
+    """The first port of the OS's ephemeral range (Linux's default where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 class LocalServer:
