@@ -84,7 +84,7 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         super().__init__(moe)
         kernel = kernel_mod.current()
         self.seam_ops = get_ops(kernel.settings.ops_provider, kernel.device_info.kind)
-        self.trace_experts_setting = bool(getattr(kernel.settings, "moe_trace_experts", True))
+        self.trace_experts_setting = bool(kernel.settings.moe_trace_experts)  # this plugin declares it
         self.compiled = traced_experts.compiled_model()
         #: Dynamo traces the routed experts under compilation (traced_experts.py), decided after loading
         self.traced_experts = False
