@@ -112,6 +112,10 @@ NAMES: tuple[PrivateName, ...] = (
                 "with DP > 1 the moe_comm plugin points each MoE runner at the registered vllm.moe_forward op, as "
                 "vLLM selects it off CPU: vLLM-CPU calls the op's body, whose DP gather Dynamo cannot trace",
                 "none: MoERunner._select_forward picks by platform only", instance_attribute=True),
+    PrivateName("vllm.v1.engine.async_llm:AsyncLLM._run_output_handler", "accessor",
+                "the liveness watch fails a client that may not have served a request yet; vLLM's server "
+                "watchdog shuts down only a client whose output handler has ended, and starts none itself",
+                "none: AsyncLLM.generate starts it with the first request", params=("self",)),
     PrivateName("vllm.v1.worker.gpu_model_runner:GPUModelRunner._moe_model", "accessor",
                 "the EPLB plugin gives the CPU runner the MixtureOfExperts model its eplb_step asserts (vLLM's CPU "
                 "load_model never sets it)", "none: only GPUModelRunner.load_model sets it", instance_attribute=True),
@@ -326,6 +330,11 @@ def moe_runner_entry(runner: Any) -> Any:
 
 def set_moe_runner_entry(runner: Any, entry: Any) -> None:
     runner._forward_entry = entry
+
+
+def start_output_handler(engine_client: Any) -> None:
+    """Start vLLM's output handler of an ``AsyncLLM`` (a no-op where it runs already)."""
+    engine_client._run_output_handler()
 
 
 def set_runner_moe_model(runner: Any, model: Any) -> None:

@@ -231,3 +231,71 @@ async def _renew(transport: Any, port: int) -> None:
     from ascend_kernel.cli.liveness import subscribe
 
     await subscribe(transport, ("127.0.0.1", port), interval_s=0.05)
+
+
+# -- after the watch: vLLM's own server watchdog must see the dead engine, in a server that served nothing -------
+
+
+class OutputCore(Core):
+    """The stand-in core with the output side of vLLM's ``AsyncMPClient``: an exception in the queue is raised."""
+
+    async def get_output_async(self) -> Any:
+        outputs = await self.outputs_queue.get()
+        if isinstance(outputs, Exception):
+            raise outputs
+        return outputs
+
+
+def _idle_async_llm(core: OutputCore) -> Any:
+    """vLLM's real ``AsyncLLM`` as an API server holds it before its first request (no output handler yet)."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.output_processor import OutputProcessor
+
+    llm = AsyncLLM.__new__(AsyncLLM)
+    llm.engine_core = core
+    llm.output_processor = OutputProcessor(None, log_stats=False)
+    llm.log_stats = False
+    llm.logger_manager = None
+    llm.renderer = SimpleNamespace(mm_processor_cache=None)
+    llm.output_handler = None
+    return llm
+
+
+def test_a_failed_client_that_served_no_request_still_lets_vllms_watchdog_shut_the_server_down():
+    """Seen in CI: the API node of the killed-node test never exited, with 8/8 requests failed in time.
+
+    vLLM's watchdog (``terminate_if_errored``) shuts a server down only when its
+    client is dead and its output handler has ended; an API server that had
+    been given no request has no handler, so it stayed up at 503. The watch's
+    hand-over starts vLLM's handler, which ends on the ``EngineDeadError``."""
+    import uvicorn
+    from vllm.entrypoints.launchers.launcher import terminate_if_errored
+
+    from ascend_kernel.cli.liveness import fail_client, hand_to_vllm
+
+    async def run() -> tuple[bool, bool, Any]:
+        llm = _idle_async_llm(OutputCore(engines=2, answers=None))
+        server = uvicorn.Server(uvicorn.Config(app=None))
+        fail_client(llm.engine_core, "a test's dead node")
+        terminate_if_errored(server, llm)
+        before = server.should_exit  # what vLLM alone does with an idle client: nothing
+        assert hand_to_vllm(llm, "failed") == "failed"
+        await asyncio.wait_for(asyncio.shield(llm.output_handler), timeout=5)
+        terminate_if_errored(server, llm)
+        return before, server.should_exit, llm
+
+    before, after, llm = asyncio.run(run())
+    assert before is False and after is True
+    assert llm.errored and not llm.is_running
+
+
+def test_the_hand_over_leaves_a_client_the_watch_did_not_fail_alone():
+    from ascend_kernel.cli.liveness import hand_to_vllm
+
+    async def run() -> Any:
+        llm = _idle_async_llm(OutputCore(engines=2, answers=None))
+        for outcome in ("dead", "stopped"):
+            assert hand_to_vllm(llm, outcome) == outcome
+        return llm
+
+    assert asyncio.run(run()).output_handler is None

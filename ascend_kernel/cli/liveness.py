@@ -270,13 +270,32 @@ async def watch(engine_client: Any, timeout_s: float) -> str:
     except OSError as exc:
         logger.warning("ascend-kernel: cannot receive engine heartbeats on %s/udp (%s); asking the engines "
                        "instead, where a step longer than %g s reads as a dead engine", host, exc, timeout_s)
-        return await watch_engines(engine_client, timeout_s)
+        return hand_to_vllm(engine_client, await watch_engines(engine_client, timeout_s))
     try:
-        return await watch_heartbeats(engine_client.engine_core, receiver, timeout_s)
+        outcome = await watch_heartbeats(engine_client.engine_core, receiver, timeout_s)
     finally:
         transport.close()
         if subscription is not None:
             subscription.cancel()
+    return hand_to_vllm(engine_client, outcome)
+
+
+def hand_to_vllm(engine_client: Any, outcome: str) -> str:
+    """After the watch failed the client, let vLLM's server watchdog see a dead engine in every API server.
+
+    The watchdog shuts a server down only when the client is dead *and* its
+    output handler has ended (``errored and not is_running``). vLLM starts
+    that handler with a server's first request, so an API server that has
+    served none (with ``--api-server-count`` 2, the kernel's socket balancer
+    may have given every request to the other one) would answer 503 forever
+    and keep the node up. Starting vLLM's own handler here lets it take the
+    ``EngineDeadError`` from the queue and end, as it does in a busy server.
+    """
+    if outcome == "failed":
+        from ascend_kernel.upstream import start_output_handler
+
+        start_output_handler(engine_client)
+    return outcome
 
 
 def start_watch(app_state: Any) -> asyncio.Task | None:

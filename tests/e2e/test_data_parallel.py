@@ -248,7 +248,8 @@ def test_killed_headless_node_fails_open_requests_within_bound_and_a_restart_ser
         answers.append(faults.health(api))
         time.sleep(0.25)
     exited = time.monotonic() - killed_at
-    assert server_process.poll() is not None, f"the API node still runs {exited:.0f} s after the kill"
+    assert server_process.poll() is not None, (f"the API node still runs {exited:.0f} s after the kill; its log ends:\n"
+                                               f"{api.log_text()[-4000:]}")
     assert 200 not in answers and set(answers) <= {503, "refused"}, answers
     # found by the heartbeat (the headless launcher's, cli/liveness.py), not the old utility probe
     assert f"sent no heartbeat for {faults.LIVENESS_TIMEOUT_S} s" in api.log_text(), api.log_text()[-3000:]
