@@ -424,19 +424,20 @@ REAL_PROMPTS = ["The capital of France is", "Once upon a time, there was a", "Th
 
 
 def test_real_smollm2_w8a8_dynamic_still_answers(tmp_path):
-    """SmolLM2 quantized W8A8_DYNAMIC by msModelSlim: Paris stays Paris; agreement with float32 is printed."""
+    """SmolLM2 quantized W8A8_DYNAMIC by msModelSlim: Paris stays Paris; agreement with transformers' float32
+    model (the unquantized source) is printed, and the first tokens must mostly agree."""
     from ascend_kernel.models.real import DEFAULT_DIR, prepare_real_model
-    from tests.e2e.conftest import REPO
+    from tests.e2e.conftest import REPO, hf_greedy
 
     real = prepare_real_model(REPO / DEFAULT_DIR)
     quantized = msmodelslim(real, tmp_path / "smollm2-w8a8-dynamic", V1_DYNAMIC)
     ours = generate(quantized, env=KERNEL, max_tokens=8, prompts=REAL_PROMPTS)
-    reference = generate(real, env=KERNEL, max_tokens=8, prompts=REAL_PROMPTS)
+    reference = hf_greedy(real, [o["prompt_token_ids"] for o in ours["outputs"]], 8)
     assert ours["report"]["quantization"]["int8_layers"] == {"W8A8_DYNAMIC": 30 * 4}
     answers = [o["text"] for o in ours["outputs"]]
     assert "Paris" in answers[0], answers[0]
-    same = [a == b for a, b in zip(tokens(ours), tokens(reference))]
-    first = [a[0] == b[0] for a, b in zip(tokens(ours), tokens(reference))]
+    same = [a == b for a, b in zip(tokens(ours), reference)]
+    first = [a[0] == b[0] for a, b in zip(tokens(ours), reference)]
     print(f"SmolLM2 W8A8_DYNAMIC vs float32 over {len(same)} prompts: {sum(same)} identical 8-token answers, "
           f"{sum(first)} identical first tokens")
     assert sum(first) >= len(first) - 2
