@@ -15,15 +15,10 @@ one and one over several blocks) through the proxy:
   with the prompt fed as its first ``n - 1`` tokens, then the last, every
   cached key and value rounded to int8 (tests/e2e/test_kv_int8.py);
 * ``mla``: tiny DeepSeek-V2 (the ``mla`` layout: latent + rope pages),
-  oracle transformers' plain greedy tokens;
-* ``float``: the real SmolLM2-135M-Instruct (float32 K/V pages, the
-  ``standard`` layout, with the Ascend layer ops as in
-  tests/e2e/test_real_model.py), oracle transformers' plain greedy tokens;
-  a chat goes through the proxy too (its prompt is the model's chat template
-  as transformers applies it, its text transformers' detokenization), and the
-  capital of France is Paris in both answers. This one deployment is the real
-  model through PD, the Ascend backend's float pages through PD, and the
-  suite's chat completion on a real model through ``ascend-kernel serve``.
+  oracle transformers' plain greedy tokens.
+
+The backend's float pages (the ``standard`` layout) move in
+``tests/e2e/test_pd_disaggregation.py``'s deployment (the real SmolLM2).
 """
 
 from __future__ import annotations
@@ -34,23 +29,18 @@ from typing import Any, NamedTuple
 import pytest
 
 from ascend_kernel.cli.serving import REPORT_PATH, LocalServer
-from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, REPO, clean_env, hf_greedy
+from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, clean_env, hf_greedy
 from tests.e2e.test_pd_disaggregation import GREEDY, MAX_TOKENS, get_json, mooncake_missing, prompt_tokens_by_source
 
 pytestmark = pytest.mark.e2e
 
 PROMPTS = ["The capital of France is", " ".join(f"w{i} and" for i in range(40))]
-CHAT = "What is the capital of France?"
-#: the prepared real model instead of a tiny architecture
-REAL = "smollm2"
 
 
 class Scenario(NamedTuple):
-    model: str  # a tiny model's architecture, or REAL
+    model: str  # a tiny model's architecture
     args: tuple[str, ...]
     layout: str  # the KV-cache layout both instances must report
-    env: tuple[tuple[str, str], ...] = ()
-    chat: bool = False  # also a chat through the proxy (models with a trained chat template)
     prefill_tp: int = 1  # the producer's TP size (the consumer's is 1)
 
 
@@ -58,8 +48,6 @@ SCENARIOS = {
     "int8": Scenario("llama", ("--kv-cache-dtype", "int8_per_token_head", "--prefill-tp", "2"), "int8-bsh",
                      prefill_tp=2),
     "mla": Scenario("deepseek_v2", (), "mla"),
-    # 32-token blocks: the long prompt spans several
-    "float": Scenario(REAL, ("--block-size", "32"), "standard", (("ASCEND_KERNEL_LAYER_OPS", "ascend"),), chat=True),
 }
 
 
@@ -72,13 +60,8 @@ def scenario(request, tmp_path_factory) -> Any:
 
     spec = SCENARIOS[request.param]
     logs = tmp_path_factory.mktemp(f"pd-{request.param}")
-    if spec.model == REAL:
-        from ascend_kernel.models.real import DEFAULT_DIR, prepare_real_model
-
-        model = prepare_real_model(REPO / DEFAULT_DIR)  # shared with `make demo` and test_real_model.py
-    else:
-        model = create_tiny_model(spec.model, logs / spec.model, seed=0)
-    env = clean_env(ASCEND_KERNEL_ATTENTION_BACKEND="ascend", **dict(spec.env))
+    model = create_tiny_model(spec.model, logs / spec.model, seed=0)
+    env = clean_env(ASCEND_KERNEL_ATTENTION_BACKEND="ascend")
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     proxy = LocalServer([*CLI, "serve-pd", str(model), "--log-dir", str(logs), "--dtype", "float32",
                          "--max-model-len", "512", "--enforce-eager", "--seed", "0", *spec.args], env,
@@ -87,51 +70,31 @@ def scenario(request, tmp_path_factory) -> Any:
     try:
         status = get_json(f"{proxy.base_url}/pd-proxy/status")
 
-        async def run() -> tuple[list[Any], Any]:
+        async def run() -> list[Any]:
             from openai import AsyncOpenAI
 
             async with AsyncOpenAI(base_url=f"{proxy.base_url}/v1", api_key="unused", max_retries=0,
                                    timeout=300) as api:
-                completions = list(await asyncio.gather(*(api.completions.create(model=str(model), prompt=p,
-                                                                                 **GREEDY) for p in PROMPTS)))
-                chat = await api.chat.completions.create(model=str(model), messages=[{"role": "user", "content": CHAT}],
-                                                         **GREEDY) if spec.chat else None
-                return completions, chat
+                return list(await asyncio.gather(*(api.completions.create(model=str(model), prompt=p, **GREEDY)
+                                                   for p in PROMPTS)))
 
-        answers, chat = asyncio.run(run())
+        answers = asyncio.run(run())
         reports = {role: get_json(status[role][0]["url"] + REPORT_PATH) for role in ("prefill", "decode")}
         metrics = prompt_tokens_by_source(status["decode"][0]["url"])
     finally:
         proxy.stop()
-    return {"name": request.param, "model": model, "layout": spec.layout, "answers": answers, "chat": chat,
+    return {"name": request.param, "model": model, "layout": spec.layout, "answers": answers,
             "reports": reports, "decode_tokens": metrics, "prefill_tp": spec.prefill_tp}
 
 
 def test_pd_on_the_ascend_backend_equals_transformers(scenario):
-    answers, chat = scenario["answers"], scenario["chat"]
+    answers = scenario["answers"]
     prompt_ids = [a.choices[0].prompt_token_ids for a in answers]
     ours = [a.choices[0].token_ids for a in answers]
     if scenario["name"] == "int8":
         from tests.e2e.test_kv_int8 import hf_greedy_int8_kv
 
         oracle = hf_greedy_int8_kv(scenario["model"], prompt_ids, MAX_TOKENS, cached=[len(p) - 1 for p in prompt_ids])
-    elif chat is not None:  # the real model: its trained chat template too (one oracle run: loading it costs)
-        assert chat.prompt_token_ids, "the chat answer carries no prompt token ids"
-        prompt_ids.append(chat.prompt_token_ids)
-        ours.append(chat.choices[0].token_ids)
-        oracle = hf_greedy(scenario["model"], prompt_ids, MAX_TOKENS)
-        # and what it knows
-        assert "Paris" in chat.choices[0].message.content
-        assert answers[0].choices[0].text.startswith(" Paris")
-        # the server applied the model's chat template and detokenized the answer as transformers does
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(scenario["model"])
-        template = tokenizer.apply_chat_template([{"role": "user", "content": CHAT}], add_generation_prompt=True)
-        assert chat.prompt_token_ids == list(getattr(template, "input_ids", template))
-        assert chat.choices[0].message.content == tokenizer.decode(chat.choices[0].token_ids,
-                                                                   skip_special_tokens=True)
-        assert chat.usage.completion_tokens == MAX_TOKENS
     else:
         oracle = hf_greedy(scenario["model"], prompt_ids, MAX_TOKENS)
     assert ours == oracle
@@ -150,7 +113,7 @@ def test_pd_on_the_ascend_backend_moves_whole_pages(scenario):
     # every producer rank counts what it sent itself (the top level is rank 0's)
     sent, received = [r["kv_transfer"] for r in prefill["ranks"]], decode["kv_transfer"]
     assert sent[0] == prefill["kv_transfer"]
-    assert received["kv_requests_received"] == len(scenario["answers"]) + (scenario["chat"] is not None)
+    assert received["kv_requests_received"] == len(scenario["answers"])
     # one page per layer and block, whatever it holds (int8 K/V + scales, or MLA latent + rope)
     assert received["kv_bytes_per_block"] == sum(u["page_bytes"] * u["layers"] for u in decode["kv_cache"]["layouts"])
     assert received["kv_blocks_received"] >= 2

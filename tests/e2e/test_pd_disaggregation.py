@@ -1,13 +1,20 @@
 """Prefill/decode disaggregation over vLLM's MooncakeConnector (TCP on loopback), through ``ascend-kernel pd-proxy``.
 
 One deployment for the module, started the way a user starts it:
-``ascend-kernel serve-pd TINY_LLAMA --prefill 1 --decode 1`` (a kv_producer
-and a kv_consumer ``ascend-kernel serve`` on the CPU fallback, vLLM's CPU
-attention, float32, and the proxy in front). Requests go to the proxy with
-the official ``openai`` client; the oracle is transformers' greedy
-generation on the prompt token ids the server reports. The instances'
-``/metrics`` and ``/ascend-kernel/report`` show where the prompt was computed
-and how many pages moved.
+``ascend-kernel serve-pd SMOLLM2 --prefill 1 --decode 1`` (a kv_producer and
+a kv_consumer ``ascend-kernel serve``, float32, and the proxy in front) on
+the real SmolLM2-135M-Instruct, with the kernel's Ascend attention backend
+and layer ops on the reference provider (``ASCEND_KERNEL_ATTENTION_BACKEND``
+and ``ASCEND_KERNEL_LAYER_OPS`` = ``ascend``): the backend's float pages (the
+``standard`` layout) move whole. Requests go to the proxy with the official
+``openai`` client; the oracle is transformers' greedy generation on the
+prompt token ids the server reports. A chat goes through the proxy too (the
+model's trained chat template as transformers applies it, its text
+transformers' detokenization, and the capital of France is Paris): the
+suite's chat completion on a real model through ``ascend-kernel serve``.
+The instances' ``/metrics`` and ``/ascend-kernel/report`` show where the
+prompt was computed and how many pages moved. The Ascend backend's int8 and
+MLA pages, and a TP=2 producer, are ``tests/e2e/test_pd_backends.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from typing import Any
 import pytest
 
 from ascend_kernel.cli.serving import REPORT_PATH, LocalServer
-from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, clean_env, hf_greedy, run_cli
+from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, REPO, clean_env, hf_greedy, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -34,7 +41,9 @@ BLOCK = 32
 SERVE_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "0", "--block-size", str(BLOCK)]
 PREFIX = ("In the old harbor town the river met the sea, and every morning the fishing boats went out past "
           "the stone lighthouse while the gulls circled over the nets and the market square slowly filled with "
-          "traders, carts and the smell of fresh bread, and")
+          "traders, carts and the smell of fresh bread. By noon the sailors came back with their catch, the "
+          "church bell rang twice, the school let the children out for lunch, and the old men on the bench by "
+          "the fountain argued about the weather, the price of fish and the new road to the city, and")
 #: short prompts, two sharing a long prefix, and one longer than several blocks
 PROMPTS = [
     "The capital of France is",
@@ -50,7 +59,7 @@ ABORT_TIMEOUT_S = 8
 #: long (vLLM alone: ABORT_TIMEOUT_S + 60 s)
 PULL_TIMEOUT_S = 12
 #: concurrent requests through the proxy (short prompts, few tokens)
-CONCURRENT = 64
+CONCURRENT = 16
 CONCURRENT_TOKENS = 4
 GREEDY = dict(max_tokens=MAX_TOKENS, temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
 
@@ -76,16 +85,25 @@ def prompt_tokens_by_source(base_url: str) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def deployment(tiny_llama, tmp_path_factory) -> Any:
+def model() -> Path:
+    """The real SmolLM2-135M-Instruct (prepared once, shared with `make demo` and tests/e2e/test_real_model.py)."""
+    from ascend_kernel.models.real import DEFAULT_DIR, prepare_real_model
+
+    return prepare_real_model(REPO / DEFAULT_DIR)
+
+
+@pytest.fixture(scope="module")
+def deployment(model, tmp_path_factory) -> Any:
     reason = mooncake_missing()
     if reason is not None:
         pytest.skip(reason)
     logs = tmp_path_factory.mktemp("pd")
     # short transfer timeouts for the fault tests: the producer's abort timeout, the consumer's pull timeout
     env = clean_env(VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT=str(ABORT_TIMEOUT_S),
-                    ASCEND_KERNEL_KV_TRANSFER_PULL_TIMEOUT_S=str(PULL_TIMEOUT_S))
+                    ASCEND_KERNEL_KV_TRANSFER_PULL_TIMEOUT_S=str(PULL_TIMEOUT_S),
+                    ASCEND_KERNEL_ATTENTION_BACKEND="ascend", ASCEND_KERNEL_LAYER_OPS="ascend")
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    proxy = LocalServer([*CLI, "serve-pd", str(tiny_llama), "--prefill", "1", "--decode", "1", "--log-dir", str(logs),
+    proxy = LocalServer([*CLI, "serve-pd", str(model), "--prefill", "1", "--decode", "1", "--log-dir", str(logs),
                          *SERVE_ARGS], env, logs / "serve-pd.log")
     proxy.start(timeout_s=ENGINE_TIMEOUT_S)
     status = get_json(f"{proxy.base_url}/pd-proxy/status")
@@ -99,10 +117,14 @@ def client(proxy: LocalServer) -> Any:
     return AsyncOpenAI(base_url=f"{proxy.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
 
 
+#: the chat through the proxy (the real model knows the answer)
+CHAT = "What is the capital of France?"
+
+
 @pytest.fixture(scope="module")
-def answers(deployment, tiny_llama) -> dict[str, Any]:
+def answers(deployment, model) -> dict[str, Any]:
     """Every request of the module, sent once: completions (prefix-sharing pair one after the other), a chat, a stream."""
-    model = str(tiny_llama)
+    model = str(model)
 
     async def run() -> dict[str, Any]:
         async with client(deployment["proxy"]) as api:
@@ -111,7 +133,7 @@ def answers(deployment, tiny_llama) -> dict[str, Any]:
                                            for p in PROMPTS[:3]))
             rest = [await api.completions.create(model=model, prompt=p, **GREEDY) for p in PROMPTS[3:]]
             chat = await api.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": "Name three rivers, please."}], **GREEDY)
+                model=model, messages=[{"role": "user", "content": CHAT}], **GREEDY)
             streamed: list[int] = []
             async for chunk in await api.completions.create(model=model, prompt=PROMPTS[0], stream=True, **GREEDY):
                 streamed += getattr(chunk.choices[0], "token_ids", None) or []
@@ -120,19 +142,34 @@ def answers(deployment, tiny_llama) -> dict[str, Any]:
     return asyncio.run(run())
 
 
-def test_completions_through_the_proxy_equal_transformers(answers, tiny_llama):
+@pytest.fixture(scope="module")
+def oracle(answers, model) -> list[list[int]]:
+    """Transformers' greedy tokens for the completions and then the chat (one oracle run: loading it costs)."""
     prompt_ids = [c.choices[0].prompt_token_ids for c in answers["completions"]]
+    assert answers["chat"].prompt_token_ids, "the chat answer carries no prompt token ids"
+    return hf_greedy(model, [*prompt_ids, answers["chat"].prompt_token_ids], MAX_TOKENS)
+
+
+def test_completions_through_the_proxy_equal_transformers(answers, oracle):
     ours = [c.choices[0].token_ids for c in answers["completions"]]
     assert all(len(t) == MAX_TOKENS for t in ours)
-    assert ours == hf_greedy(tiny_llama, prompt_ids, MAX_TOKENS)
+    assert ours == oracle[:-1]
     assert answers["streamed"] == ours[0], "the streamed answer differs from the same prompt's plain answer"
+    assert answers["completions"][0].choices[0].text.startswith(" Paris")  # "The capital of France is"
 
 
-def test_chat_through_the_proxy_equals_transformers(answers, tiny_llama):
+def test_chat_through_the_proxy_equals_transformers(answers, oracle, model):
+    from transformers import AutoTokenizer
+
     chat = answers["chat"]
-    prompt_ids = chat.prompt_token_ids
-    assert prompt_ids, "the chat answer carries no prompt token ids"
-    assert chat.choices[0].token_ids == hf_greedy(tiny_llama, [prompt_ids], MAX_TOKENS)[0]
+    assert chat.choices[0].token_ids == oracle[-1]
+    assert "Paris" in chat.choices[0].message.content
+    # the server applied the model's chat template and detokenized the answer as transformers does
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    template = tokenizer.apply_chat_template([{"role": "user", "content": CHAT}], add_generation_prompt=True)
+    assert chat.prompt_token_ids == list(getattr(template, "input_ids", template))
+    assert chat.choices[0].message.content == tokenizer.decode(chat.choices[0].token_ids, skip_special_tokens=True)
+    assert chat.usage.completion_tokens == MAX_TOKENS
 
 
 def test_decode_instance_computed_no_prompt_and_reports_count_the_pages(answers, deployment):
@@ -149,6 +186,11 @@ def test_decode_instance_computed_no_prompt_and_reports_count_the_pages(answers,
 
     decode_report = get_json(deployment["decode"] + REPORT_PATH)
     prefill_report = get_json(deployment["prefill"] + REPORT_PATH)
+    # both instances ran the Ascend backend (forced by the setting) on its float pages, moved whole
+    for report in (prefill_report, decode_report):
+        backend = next(d for d in report["decisions"] if d["family"] == "attention_backend")
+        assert backend["chosen"] == "ascend"
+        assert [u["layout"] for u in report["kv_cache"]["layouts"]] == ["standard"]
     # the kernel's own step trace: every step of the decode instance ran one token per request
     assert set(decode_report["trace"]["attention_states"]) == {"DecodeOnly"}, decode_report["trace"]
     assert "PrefillNoCache" in prefill_report["trace"]["attention_states"]
@@ -164,6 +206,9 @@ def test_decode_instance_computed_no_prompt_and_reports_count_the_pages(answers,
                                                                                for n in prompt_lens)
     assert received["kv_bytes_received"] == sent["kv_bytes_sent"] == received["kv_blocks_received"] * \
         received["kv_bytes_per_block"]
+    # one page per layer and block
+    assert received["kv_bytes_per_block"] == sum(u["page_bytes"] * u["layers"]
+                                                 for u in decode_report["kv_cache"]["layouts"])
     assert sent["kv_bytes_transferred"] == received["kv_bytes_transferred"] > 0
     assert sent["kv_failed_transfers"] == received["kv_failed_transfers"] == 0
 
@@ -198,7 +243,7 @@ def wait_for_no_blocks(base_url: str, within_s: float) -> float:
 
 
 def test_concurrent_requests_through_the_proxy_equal_transformers_and_free_every_block(answers, deployment,
-                                                                                        tiny_llama):
+                                                                                        model):
     goods = ["pears", "nails", "tea", "rope"]
     prompts = [f"Order {i}: {i % 7 + 2} boxes of {goods[i % 4]} for" for i in range(CONCURRENT)]
     before = get_json(f"{deployment['proxy'].base_url}/pd-proxy/status")
@@ -206,13 +251,13 @@ def test_concurrent_requests_through_the_proxy_equal_transformers_and_free_every
     async def run() -> list[Any]:
         async with client(deployment["proxy"]) as api:
             return list(await asyncio.gather(*(api.completions.create(
-                model=str(tiny_llama), prompt=p, **{**GREEDY, "max_tokens": CONCURRENT_TOKENS}) for p in prompts)))
+                model=str(model), prompt=p, **{**GREEDY, "max_tokens": CONCURRENT_TOKENS}) for p in prompts)))
 
     completions = asyncio.run(run())
     prompt_ids = [c.choices[0].prompt_token_ids for c in completions]
     ours = [c.choices[0].token_ids for c in completions]
     assert len(set(map(tuple, prompt_ids))) == CONCURRENT
-    assert ours == hf_greedy(tiny_llama, prompt_ids, CONCURRENT_TOKENS)
+    assert ours == hf_greedy(model, prompt_ids, CONCURRENT_TOKENS)
 
     after = get_json(f"{deployment['proxy'].base_url}/pd-proxy/status")
     for role in ("prefill", "decode"):
@@ -225,7 +270,7 @@ def test_concurrent_requests_through_the_proxy_equal_transformers_and_free_every
 
 
 def test_a_decode_whose_pages_never_come_fails_within_the_abort_timeout_frees_blocks_and_serves_on(
-        answers, deployment, tiny_llama):
+        answers, deployment, model):
     """The producer is alive but was never asked for ``transfer_id`` (or holds it for another request).
 
     vLLM's producer waits ``VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT`` for pages under
@@ -237,7 +282,7 @@ def test_a_decode_whose_pages_never_come_fails_within_the_abort_timeout_frees_bl
 
     from ascend_kernel.cli.serving import free_port
 
-    prompt = {"model": str(tiny_llama), "prompt": PROMPTS[1], "temperature": 0, "max_tokens": MAX_TOKENS}
+    prompt = {"model": str(model), "prompt": PROMPTS[1], "temperature": 0, "max_tokens": MAX_TOKENS}
     failed_before = get_json(deployment["decode"] + REPORT_PATH)["kv_transfer"]["kv_failed_transfers"]
     status, held = post(deployment["prefill"] + "/v1/completions", {
         **prompt, "max_tokens": 1,
@@ -325,10 +370,10 @@ def post(url: str, body: dict[str, Any], timeout: float = 120) -> tuple[int, dic
 
 
 def test_prefill_dies_after_prefill_decode_fails_within_the_pull_timeout_frees_blocks_and_proxy_names_it(
-        answers, deployment, tiny_llama):
+        answers, deployment, model):
     import time
 
-    prompt = {"model": str(tiny_llama), "prompt": PROMPTS[4], "temperature": 0}
+    prompt = {"model": str(model), "prompt": PROMPTS[4], "temperature": 0}
     failed_before = get_json(deployment["decode"] + REPORT_PATH)["kv_transfer"]["kv_failed_transfers"]
     status, prefilled = post(deployment["prefill"] + "/v1/completions", {
         **prompt, "max_tokens": 1,

@@ -289,7 +289,7 @@ def test_sleep_and_wake_up_routes_free_the_engines_memory_and_give_the_same_toke
           f"KV cache {kv_bytes / 2**20:.0f} MiB")
 
 
-# A chat completion on a real model (SmolLM2) through ``serve``: tests/e2e/test_pd_backends.py's float deployment
+# A chat completion on a real model (SmolLM2) through ``serve``: tests/e2e/test_pd_disaggregation.py's deployment
 # (two ``ascend-kernel serve`` instances behind the PD proxy), where its tokens equal transformers', its prompt is
 # the chat template as transformers applies it and its text transformers' detokenization.
 
