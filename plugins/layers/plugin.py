@@ -76,7 +76,7 @@ class SeamLayerOps:
 
 
 #: what :func:`ascend_kernel_model_loaded` marked for sequence parallelism in this process's model
-_MARKED: dict[str, int] = {}
+_MARKED: dict[str, Any] = {}
 
 
 def _shards_tokens(kernel: Any) -> bool:
