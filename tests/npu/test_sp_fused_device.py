@@ -154,3 +154,24 @@ def test_which_layers_fuse(npu_ops):
     assert unfused_reason([_linear(), _linear(in_features=128)], [], npu_ops).startswith("128 input features")
     assert unfused_reason([_linear(tp=16)], [], npu_ops).startswith("TP size 16")
     assert unfused_reason([_linear(dtype=torch.float32)], [], npu_ops).startswith("activations torch.float32")
+
+
+def test_the_fused_layer_op_traces_opaque_and_gives_partial_sums_in_an_all_reduce_pass(monkeypatch):
+    """Compiled (fullgraph) the layer's op is one opaque call whose fake has the pass's full token count; run in an
+    all-reduce pass it is the partial sum of this rank (the bias on rank 0 only, as vLLM's row-parallel linear)."""
+    from ascend_kernel.ops.opaque import provider_handle
+    from ascend_kernel.ops.reference import ReferenceOps
+    from ascend_kernel_plugins.layers import sequence_parallel as sp
+
+    handle = provider_handle(ReferenceOps())
+    monkeypatch.setattr(sp, "current_pass", lambda: None)
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(5, 8, generator=g), torch.randn(4, 8, generator=g), torch.randn(4, generator=g))
+
+    def layer(x, w, b):
+        return torch.ops.ascend_kernel.tp_matmul_reduce_scatter(handle, x * 1.0, w, b) * 2.0
+
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    for rank, bias in ((0, b), (1, None)):
+        monkeypatch.setattr(sp, "tp_group", lambda: SimpleNamespace(world_size=WORLD, rank_in_group=rank))
+        torch.testing.assert_close(compiled(x, w, b), 2 * F.linear(x, w, bias))
