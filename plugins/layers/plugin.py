@@ -97,7 +97,7 @@ def ascend_kernel_model_loaded(runner: Any) -> list[str]:
     from ascend_kernel_plugins.layers.sequence_parallel import mark
 
     _MARKED.clear()
-    _MARKED.update(mark(runner.model))
+    _MARKED.update(mark(runner.model, runner.kernel.device_info.soc))
     return [*done, f"sequence parallel: {_MARKED}"]
 
 

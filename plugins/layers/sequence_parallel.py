@@ -200,7 +200,11 @@ def _moe_layers(module: torch.nn.Module) -> list[Any]:
     return found
 
 
-def unfused_reason(linears: list[Any], moe: list[Any], ops: Any) -> str | None:
+#: the SoCs torch_npu documents the fused matmul-collective kernels for (Atlas A2 and A3)
+FUSED_SOCS = ("A2", "A3")
+
+
+def unfused_reason(linears: list[Any], moe: list[Any], ops: Any, soc: str | None) -> str | None:
     """Why the marked row-parallel layers keep the separate form (matmul, then the norm's reduce-scatter); None:
     they fuse matmul and reduce-scatter, all of them.
 
@@ -218,10 +222,12 @@ def unfused_reason(linears: list[Any], moe: list[Any], ops: Any) -> str | None:
                                                 int(layer.tp_size))
         if reason is not None:
             return reason
+    if soc not in FUSED_SOCS:
+        return f"SoC {soc}: torch_npu documents the fused kernels for Atlas {' and '.join(FUSED_SOCS)} only"
     return None
 
 
-def mark(model: torch.nn.Module) -> dict[str, Any]:
+def mark(model: torch.nn.Module, soc: str | None = None) -> dict[str, Any]:
     """Mark the decoder layers' norms, row-parallel and MoE layers and the final norm; fail where the shape differs.
 
     A decoder layer: a module with norms ``input_layernorm`` and
@@ -229,7 +235,8 @@ def mark(model: torch.nn.Module) -> dict[str, Any]:
     MLP's ``down_proj``) and MoE layers are the ones inside it, two in all.
     The final norm: ``norm`` of the module that holds the decoder layers
     (``layers``). Returns how many of each were marked (``moe`` only where
-    there were MoE layers) and ``matmul_comm``: the row-parallel layers' comm form (:func:`unfused_reason`).
+    there were MoE layers) and ``matmul_comm``: the row-parallel layers' comm form (:func:`unfused_reason`;
+    ``soc``: the NPU's, None elsewhere).
     """
     counts: dict[str, Any] = {"decoder_layers": 0, "norms": 0, "row_parallel": 0}
     moe: list[Any] = []
@@ -265,7 +272,7 @@ def mark(model: torch.nn.Module) -> dict[str, Any]:
         counts["moe"] = len(moe)
     final.sp_shards, final.sp_handle = True, provider_handle(final.seam_ops)
     counts["norms"] += 1
-    reason = unfused_reason(linears, moe, final.seam_ops)
+    reason = unfused_reason(linears, moe, final.seam_ops, soc)
     if reason is None:
         for layer in linears:
             layer.sp_fused, layer.sp_handle = True, final.sp_handle

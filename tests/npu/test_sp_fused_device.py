@@ -147,13 +147,15 @@ def test_which_layers_fuse(npu_ops):
     from ascend_kernel.ops.reference import ReferenceOps
     from ascend_kernel_plugins.layers.sequence_parallel import unfused_reason
 
-    assert unfused_reason([_linear(), _linear(in_features=4096)], [], npu_ops) is None
-    assert unfused_reason([_linear()], [], ReferenceOps()) == REFERENCE_REASON  # a CPU host: separate, as before
-    assert unfused_reason([_linear()], [object()], npu_ops).startswith("a MoE model")
-    assert "is quantized (object)" in unfused_reason([_linear(quant_method=object())], [], npu_ops)
-    assert unfused_reason([_linear(), _linear(in_features=128)], [], npu_ops).startswith("128 input features")
-    assert unfused_reason([_linear(tp=16)], [], npu_ops).startswith("TP size 16")
-    assert unfused_reason([_linear(dtype=torch.float32)], [], npu_ops).startswith("activations torch.float32")
+    assert unfused_reason([_linear(), _linear(in_features=4096)], [], npu_ops, "A2") is None
+    assert unfused_reason([_linear()], [], npu_ops, "A3") is None
+    assert unfused_reason([_linear()], [], ReferenceOps(), None) == REFERENCE_REASON  # a CPU host: as before
+    assert unfused_reason([_linear()], [object()], npu_ops, "A2").startswith("a MoE model")
+    assert "is quantized (object)" in unfused_reason([_linear(quant_method=object())], [], npu_ops, "A2")
+    assert unfused_reason([_linear(), _linear(in_features=128)], [], npu_ops, "A2").startswith("128 input features")
+    assert unfused_reason([_linear(tp=16)], [], npu_ops, "A3").startswith("TP size 16")
+    assert unfused_reason([_linear(dtype=torch.float32)], [], npu_ops, "A2").startswith("activations torch.float32")
+    assert unfused_reason([_linear()], [], npu_ops, "310P").startswith("SoC 310P")
 
 
 def test_the_fused_layer_op_traces_opaque_and_gives_partial_sums_in_an_all_reduce_pass(monkeypatch):
