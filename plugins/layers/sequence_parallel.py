@@ -49,7 +49,8 @@ CONTEXT_KEY = "tp_comm"
 #: step-trace counters: the op's calls by choice, and the bytes this rank sent in them by choice
 NORM_OPS = "sequence_parallel_norm_ops"
 BYTES_SENT = "tp_comm_bytes_sent"
-#: step-trace counter: the fused row-parallel op's calls by form (``fused``: matmul and reduce-scatter in one kernel)
+#: step-trace counter: a fused row-parallel layer's op calls in sequence-parallel passes (the provider's matmul +
+#: reduce-scatter; where it fell back to the separate form at run time, its ``matmul_comm_fallbacks`` says why)
 MATMUL_COMM_OPS = "sequence_parallel_matmul_comm"
 OP = "tp_add_rms_norm"
 MM_OP = "tp_matmul_reduce_scatter"
@@ -116,7 +117,7 @@ def _mm_op_impl(provider: str, x: torch.Tensor, weight: torch.Tensor, bias: torc
     out[lo:lo + rows] = summed[:rows]
     trace = step_trace()
     if trace is not None:
-        trace.count(MATMUL_COMM_OPS, "fused")
+        trace.count(MATMUL_COMM_OPS, "sequence_parallel")
     return out
 
 

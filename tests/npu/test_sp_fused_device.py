@@ -128,7 +128,7 @@ def test_fused_and_separate_forms_give_every_token_the_full_layer(sp_ranks, toke
         assert got["sequence_parallel", "separate", "norm_collectives"] == ["reduce_scatter", "all_gather"]
         assert got["all_reduce", "fused", "norm_collectives"] == got["all_reduce", "separate", "norm_collectives"] \
             == ["all_reduce"]
-        assert got["trace"]["sequence_parallel_matmul_comm"] == {"fused": 1}  # the sequence-parallel pass only
+        assert got["trace"]["sequence_parallel_matmul_comm"] == {"sequence_parallel": 1}  # the sequence-parallel pass only
         assert got["trace"]["sequence_parallel_norm_ops"] == {"all_reduce": 2, "sequence_parallel": 2}
     fused_calls = [c for c in fake_torch_npu.CALLS if c[0] == "npu_mm_reduce_scatter_base"]
     assert len(fused_calls) == WORLD and fused_calls[0][1][0].shape[0] == SequenceParallelPass.of(tokens,
