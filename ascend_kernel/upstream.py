@@ -386,6 +386,14 @@ VENDOR_NAMES: tuple[VendorName, ...] = (
                                                    "is_neox_style"), "in-place rotary embedding"),
     VendorName("torch_npu._C:_weak_ref_tensor", ("tensor",), "graph outputs that do not keep the pool's memory "
                                                             "alive (device.py weak_ref)"),
+    # the fused matmul-collective kernels (ops/matmul_comm_npu.py): op-plugin's schemas name the first input
+    # ``self`` (reduce-scatter) and ``input`` (all-gather); the kernel passes the first four by position
+    VendorName("torch_npu:npu_mm_reduce_scatter_base", ("self", "x2", "hcom", "world_size", "reduce_op", "bias",
+                                                         "comm_turn"),
+               "a row-parallel matmul fused with the reduce-scatter of sequence parallelism, as vllm-ascend's"),
+    VendorName("torch_npu:npu_all_gather_base_mm", ("input", "x2", "hcom", "world_size", "bias", "gather_index",
+                                                     "gather_output", "comm_turn"),
+               "the all-gather of sequence parallelism fused with a column-parallel matmul"),
     VendorName("torch.ops._C_ascend:bgmv_shrink", ("x", "weight", "indices", "y", "scale"), "LoRA shrink"),
     VendorName("torch.ops._C_ascend:bgmv_expand", ("x", "weight", "indices", "y", "slice_offset", "slice_size"),
                "LoRA expand"),

@@ -153,7 +153,19 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         got = processor(ours, mine, embedding_bias=ours.bias)
         expected = oracle(full, mine, embedding_bias=full.bias)
         results.append((got, expected))
-    torch.save({"passes": results, "report": lm_head_tp.describe_head(ours), "rows": ours.weight.shape[0],
+    # a request asking for prompt logprobs on rank 0 only (its runner's dict): refused before any collective, so
+    # the next pass of both ranks still pairs up (had the refused call started one, this would hang or mix)
+    processor.prompt_logprobs = {"req-7": 1} if rank == 0 else {}
+    refused = None
+    if rank == 0:
+        try:
+            processor(ours, hidden[0][:3], embedding_bias=ours.bias)
+        except KernelError as exc:
+            refused = str(exc)
+    processor.prompt_logprobs = {}
+    mine = hidden[0][3 * rank:3 * rank + 3]
+    after = (processor(ours, mine, embedding_bias=ours.bias), oracle(full, mine, embedding_bias=full.bias))
+    torch.save({"passes": results, "refused": refused, "after": after, "report": lm_head_tp.describe_head(ours), "rows": ours.weight.shape[0],
                 "shard": ours.weight.detach().clone()}, Path(out_dir) / f"rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -169,6 +181,18 @@ def test_each_rank_gets_the_full_heads_logits_for_its_own_tokens_uneven_and_idle
             assert ours.shape == expected.shape == (counts[rank], VOCAB)
             torch.testing.assert_close(ours, expected, rtol=1e-6, atol=1e-6)
     assert ranks[0]["passes"][0][0].abs().sum() > 0  # real logits (soft-capped, scaled), not zeros
+
+
+def test_prompt_logprobs_are_refused_naming_the_setting_before_any_collective(ranks):
+    """vLLM computes prompt logprobs with extra ``compute_logits`` calls on the requesting rank only: under lm-head
+    TP each is a group collective the other ranks never join. The processor refuses it (naming the setting) before
+    the collective starts: the ranks' next pass still pairs and gives vLLM's logits."""
+    refused = ranks[0]["refused"]
+    assert refused is not None and ranks[1]["refused"] is None
+    assert "prompt logprobs (requests ['req-7'])" in refused and "ASCEND_KERNEL_LMHEAD_TENSOR_PARALLEL_SIZE" in refused
+    for got in ranks:
+        ours, expected = got["after"]
+        torch.testing.assert_close(ours, expected, rtol=1e-6, atol=1e-6)
 
 
 def test_each_rank_holds_and_loads_only_its_vocab_shard(ranks):

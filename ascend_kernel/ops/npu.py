@@ -16,6 +16,7 @@ from ascend_kernel.ops.graph_ops import (
 )
 from ascend_kernel.ops.fused_npu import TorchNpuFusedOps
 from ascend_kernel.ops.lora_npu import TorchNpuLoRAOps
+from ascend_kernel.ops.matmul_comm_npu import TorchNpuMatmulCommOps
 from ascend_kernel.ops.mc2_npu import TorchNpuMC2Ops
 from ascend_kernel.ops.mm_npu import TorchNpuMMOps
 from ascend_kernel.ops.moe_npu import TorchNpuMoEOps
@@ -24,7 +25,7 @@ from ascend_kernel.ops.quant_npu import TorchNpuQuantOps
 
 
 class TorchNpuOps(TorchNpuMoEOps, TorchNpuMC2Ops, TorchNpuQuantOps, TorchNpuLoRAOps, TorchNpuFusedOps,
-                  TorchNpuMMOps):
+                  TorchNpuMMOps, TorchNpuMatmulCommOps):
     name = "torch_npu"
 
     def __init__(self) -> None:

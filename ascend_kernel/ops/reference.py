@@ -17,6 +17,7 @@ from ascend_kernel.ops.graph_ops import (
 )
 from ascend_kernel.ops.fused_reference import ReferenceFusedOps
 from ascend_kernel.ops.lora_reference import ReferenceLoRAOps
+from ascend_kernel.ops.matmul_comm import ReferenceMatmulCommOps
 from ascend_kernel.ops.mc2_reference import ReferenceMC2Ops
 from ascend_kernel.ops.mm_reference import ReferenceMMOps
 from ascend_kernel.ops.moe_reference import ReferenceMoEOps
@@ -48,7 +49,7 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torc
 
 
 class ReferenceOps(ReferenceMoEOps, ReferenceMC2Ops, ReferenceQuantOps, ReferenceLoRAOps, ReferenceFusedOps,
-                   ReferenceMMOps):
+                   ReferenceMMOps, ReferenceMatmulCommOps):
     name = "reference"
 
     @seam_op("reshape_and_cache", RESHAPE_AND_CACHE_SCHEMA, no_result)

@@ -70,7 +70,8 @@ def ring_bytes(tensor_bytes: int, world_size: int) -> int:
 
 
 def combine_add_rms_norm(add_rms_norm: Any, partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                         eps: float, sequence_parallel: bool, comm: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
+                         eps: float, sequence_parallel: bool, comm: Any,
+                         reduced: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Combine the ranks' row-parallel ``partial`` sums, add ``residual`` and RMS-normalise, either way.
 
     ``comm`` has ``rank_in_group``, ``world_size``, ``all_reduce(x)``,
@@ -86,6 +87,9 @@ def combine_add_rms_norm(add_rms_norm: Any, partial: torch.Tensor, residual: tor
       shard, all-gather the normed shards. The returned residual holds this
       rank's shard rows; its other rows are zeros, since the next norm reads
       only this rank's rows again (each rank's shard of the pass is fixed).
+      With ``reduced`` the row-parallel layer already reduce-scattered (a
+      fused matmul + reduce-scatter): ``partial`` holds this rank's shard
+      rows of the sum, zeros elsewhere, and is read instead of reduced here.
 
     Returns ``(normed, residual, bytes this rank sent)``.
     """
@@ -98,7 +102,10 @@ def combine_add_rms_norm(add_rms_norm: Any, partial: torch.Tensor, residual: tor
     padded = -(-tokens // world) * world
     shard = padded // world
     rank = comm.rank_in_group
-    summed = comm.reduce_scatter(pad_tokens(partial, padded).contiguous(), 0)
+    if reduced:
+        summed = pad_tokens(partial, padded)[rank * shard:(rank + 1) * shard]
+    else:
+        summed = comm.reduce_scatter(pad_tokens(partial, padded).contiguous(), 0)
     lo, hi = rank * shard, min((rank + 1) * shard, tokens)
     rows = max(hi - lo, 0)
     residual_shard = residual.new_zeros((shard, *residual.shape[1:]))

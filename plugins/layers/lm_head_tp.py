@@ -32,6 +32,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 )
 from vllm.model_executor.utils import set_weight_attrs
 
+from ascend_kernel.errors import KernelError
 from ascend_kernel.oot_ops import register_oot
 from ascend_kernel.ops.lm_head_tp import lm_head_tp_logits
 
@@ -121,13 +122,23 @@ class LmHeadTpLogitsProcessor(LogitsProcessor):
     Any other head (or logits given as input) goes to vLLM's own forward. For
     the sharded head the steps after the projection are vLLM's (its forward):
     padding rows cut to the original vocabulary, soft-capping, then scaling.
+
+    Prompt logprobs are refused (:meth:`refuse_prompt_logprobs`): vLLM's
+    runner computes a request's prompt-token logits with extra
+    ``compute_logits`` calls on the rank that holds the request only, each an
+    lm-head collective the group's other ranks never join.
     """
+
+    #: the runner's requests in prefill that asked for prompt logprobs (vLLM's ``num_prompt_logprobs``, a dict it
+    #: updates in place), set by :func:`model_loaded`; None: no runner (a bare test)
+    prompt_logprobs: dict[str, int] | None = None
 
     def forward(self, lm_head: VocabParallelEmbedding, hidden_states: torch.Tensor,
                 embedding_bias: torch.Tensor | None = None, skip_gather: bool = False) -> torch.Tensor | None:
         group = getattr(lm_head, "lmhead_tp", None)
         if group is None or self.logits_as_input:
             return super().forward(lm_head, hidden_states, embedding_bias, skip_gather)
+        self.refuse_prompt_logprobs(group)
         # at TP=1 a "local" (skip_gather) logits tensor is the full vocabulary: the same path serves both
         logits = lm_head_tp_logits(hidden_states, lambda h: self.project(lm_head, h, embedding_bias),
                                    group.device_group, group.world_size, group.rank_in_group)
@@ -137,6 +148,18 @@ class LmHeadTpLogitsProcessor(LogitsProcessor):
         if self.scale != 1.0:
             logits = logits * self.scale
         return logits
+
+    def refuse_prompt_logprobs(self, group: LmHeadGroup) -> None:
+        """Stop, before any collective of the step, where a scheduled request asked for prompt logprobs."""
+        if not self.prompt_logprobs:
+            return
+        from ascend_kernel_plugins.layers.lm_head_config import ASKED
+
+        raise KernelError(
+            f"prompt logprobs (requests {sorted(self.prompt_logprobs)}) cannot run under lm-head tensor parallelism "
+            f"of size {group.world_size} (asked by {ASKED}): vLLM computes the prompt tokens' logits with extra "
+            "lm-head calls on this DP rank only, collectives the group's other ranks never join (they would hang); "
+            "send the request without prompt_logprobs, or leave ASCEND_KERNEL_LMHEAD_TENSOR_PARALLEL_SIZE unset")
 
     def project(self, lm_head: VocabParallelEmbedding, hidden: torch.Tensor,
                 bias: torch.Tensor | None) -> torch.Tensor:
@@ -182,6 +205,9 @@ def model_loaded(runner: Any) -> list[str]:
     if head is None or getattr(head, "lmhead_tp", None) is None:
         return []
     join_idle_passes(runner, head)
+    for processor in runner.model.modules():
+        if isinstance(processor, LmHeadTpLogitsProcessor):
+            processor.prompt_logprobs = runner.num_prompt_logprobs
     return [f"lm-head TP: group ranks {head.lmhead_tp.ranks}, {_HEAD}"]
 
 

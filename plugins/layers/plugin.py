@@ -76,7 +76,7 @@ class SeamLayerOps:
 
 
 #: what :func:`ascend_kernel_model_loaded` marked for sequence parallelism in this process's model
-_MARKED: dict[str, int] = {}
+_MARKED: dict[str, Any] = {}
 
 
 def _shards_tokens(kernel: Any) -> bool:
@@ -97,7 +97,7 @@ def ascend_kernel_model_loaded(runner: Any) -> list[str]:
     from ascend_kernel_plugins.layers.sequence_parallel import mark
 
     _MARKED.clear()
-    _MARKED.update(mark(runner.model))
+    _MARKED.update(mark(runner.model, runner.kernel.device_info.soc))
     return [*done, f"sequence parallel: {_MARKED}"]
 
 

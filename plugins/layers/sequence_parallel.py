@@ -32,10 +32,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch.compiler import is_compiling
 from vllm.distributed import get_tp_group, split_tensor_along_last_dim
 from vllm.forward_context import get_forward_context, is_forward_context_available
-from vllm.model_executor.layers.linear import RowParallelLinear
+from vllm.model_executor.layers.linear import RowParallelLinear, UnquantizedLinearMethod
 
 from ascend_kernel import kernel as kernel_mod
 from ascend_kernel.ops.opaque import define_op_once, provider_for, provider_handle
@@ -48,7 +49,13 @@ CONTEXT_KEY = "tp_comm"
 #: step-trace counters: the op's calls by choice, and the bytes this rank sent in them by choice
 NORM_OPS = "sequence_parallel_norm_ops"
 BYTES_SENT = "tp_comm_bytes_sent"
+#: step-trace counter: a fused row-parallel layer's op calls in sequence-parallel passes (the provider's matmul +
+#: reduce-scatter; where it fell back to the separate form at run time, its ``matmul_comm_fallbacks`` says why)
+MATMUL_COMM_OPS = "sequence_parallel_matmul_comm"
 OP = "tp_add_rms_norm"
+MM_OP = "tp_matmul_reduce_scatter"
+#: the report's comm form of the fused row-parallel layers (``layer_ops.sequence_parallel.matmul_comm``)
+FUSED = "fused: matmul + reduce-scatter in one kernel (npu_mm_reduce_scatter_base)"
 
 
 def current_pass() -> Any:
@@ -71,11 +78,11 @@ def step_trace() -> Any:
 
 
 def _op_impl(provider: str, partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+             eps: float, reduced: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     sequence_parallel = current_pass() is not None
     ops = provider_for(provider)
     out, added, sent = combine_add_rms_norm(ops.add_rms_norm, partial, residual, weight, eps, sequence_parallel,
-                                            tp_group())
+                                            tp_group(), reduced)
     trace = step_trace()
     if trace is not None:
         choice = "sequence_parallel" if sequence_parallel else "all_reduce"
@@ -85,12 +92,40 @@ def _op_impl(provider: str, partial: torch.Tensor, residual: torch.Tensor, weigh
 
 
 def _op_fake(provider: str, partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+             eps: float, reduced: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(partial), torch.empty_like(residual)
 
 
-define_op_once(OP, "str provider, Tensor partial, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
-               _op_impl, _op_fake)
+define_op_once(OP, "str provider, Tensor partial, Tensor residual, Tensor weight, float eps, bool reduced=False) "
+               "-> (Tensor, Tensor)", _op_impl, _op_fake)
+
+
+def _mm_op_impl(provider: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A fused row-parallel layer's matmul: partial sums in an all-reduce pass (the bias on rank 0, as vLLM's); in
+    a sequence-parallel pass the provider's matmul + reduce-scatter, this rank's shard rows in a full-token tensor
+    (zeros elsewhere: the next marked norm, ``reduced``, reads only those rows)."""
+    comm = tp_group()
+    world, rank, tokens = comm.world_size, comm.rank_in_group, x.shape[0]
+    if current_pass() is None or world == 1:
+        return F.linear(x, weight, bias if rank == 0 else None)
+    padded = -(-tokens // world) * world
+    shard = padded // world
+    summed = provider_for(provider).matmul_reduce_scatter(x, weight, bias, comm.device_group, rank, world, padded)
+    lo = rank * shard
+    rows = max(min(shard, tokens - lo), 0)
+    out = x.new_zeros((tokens, weight.shape[0]))
+    out[lo:lo + rows] = summed[:rows]
+    trace = step_trace()
+    if trace is not None:
+        trace.count(MATMUL_COMM_OPS, "sequence_parallel")
+    return out
+
+
+def _mm_op_fake(provider: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+define_op_once(MM_OP, "str provider, Tensor x, Tensor weight, Tensor? bias) -> Tensor", _mm_op_impl, _mm_op_fake)
 
 
 def tp_add_rms_norm(norm: Any, partial: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,10 +133,11 @@ def tp_add_rms_norm(norm: Any, partial: torch.Tensor, residual: torch.Tensor) ->
 
     ``norm.sp_handle`` (set by :func:`mark`, outside any trace) names the norm's seam provider.
     """
-    handle = norm.sp_handle
+    handle, reduced = norm.sp_handle, bool(getattr(norm, "sp_reduced", False))
     if is_compiling() or dispatch_mode_depth():
-        return torch.ops.ascend_kernel.tp_add_rms_norm(handle, partial, residual, norm.weight, norm.variance_epsilon)
-    return _op_impl(handle, partial, residual, norm.weight.data, norm.variance_epsilon)
+        return torch.ops.ascend_kernel.tp_add_rms_norm(handle, partial, residual, norm.weight, norm.variance_epsilon,
+                                                       reduced)
+    return _op_impl(handle, partial, residual, norm.weight.data, norm.variance_epsilon, reduced)
 
 
 class AscendRowParallelLinear(RowParallelLinear):
@@ -109,6 +145,9 @@ class AscendRowParallelLinear(RowParallelLinear):
 
     #: set by :func:`mark` on the decoder layers' output projections
     sp_shards = False
+    #: set by :func:`mark` where the seam's provider fuses the matmul with the reduce-scatter (an NPU); then
+    #: ``sp_handle`` names the provider
+    sp_fused = False
 
     def forward(self, input_: torch.Tensor):
         if not self.sp_shards:
@@ -117,9 +156,18 @@ class AscendRowParallelLinear(RowParallelLinear):
             input_parallel = input_
         else:
             input_parallel = split_tensor_along_last_dim(input_, num_partitions=self.tp_size)[self.tp_rank].contiguous()
-        # as vLLM's: the bias joins on rank 0 only, so that the sum over ranks adds it once
-        bias = None if (self.tp_rank > 0 or self.skip_bias_add) else self.bias
-        partial = self.quant_method.apply(self, input_parallel, bias)
+        if self.sp_fused:  # one op: partial sums, or (a sequence-parallel pass) the fused matmul + reduce-scatter
+            bias = None if self.skip_bias_add else self.bias
+            if is_compiling() or dispatch_mode_depth():
+                partial = torch.ops.ascend_kernel.tp_matmul_reduce_scatter(self.sp_handle, input_parallel, self.weight,
+                                                                          bias)
+            else:
+                partial = _mm_op_impl(self.sp_handle, input_parallel, self.weight.data,
+                                      None if bias is None else bias.data)
+        else:
+            # as vLLM's: the bias joins on rank 0 only, so that the sum over ranks adds it once
+            bias = None if (self.tp_rank > 0 or self.skip_bias_add) else self.bias
+            partial = self.quant_method.apply(self, input_parallel, bias)
         if not self.return_bias:
             return partial
         return partial, (self.bias if self.skip_bias_add else None)
@@ -153,7 +201,34 @@ def _moe_layers(module: torch.nn.Module) -> list[Any]:
     return found
 
 
-def mark(model: torch.nn.Module) -> dict[str, int]:
+#: the SoCs torch_npu documents the fused matmul-collective kernels for (Atlas A2 and A3)
+FUSED_SOCS = ("A2", "A3")
+
+
+def unfused_reason(linears: list[Any], moe: list[Any], ops: Any, soc: str | None) -> str | None:
+    """Why the marked row-parallel layers keep the separate form (matmul, then the norm's reduce-scatter); None:
+    they fuse matmul and reduce-scatter, all of them.
+
+    vllm-ascend's rule (``SequenceRowParallelOp.matmul_and_reduce``, ``mmrs_fusion``): a dense model (never an
+    MoE one), TP <= 8, an unquantized (or W8A8) linear; the provider adds the kernel's documented limits. The
+    choice is all or none, so every marked norm reads its input one way.
+    """
+    if moe:
+        return "a MoE model (vllm-ascend fuses matmul and reduce-scatter in dense models only)"
+    for layer in linears:
+        if not isinstance(layer.quant_method, UnquantizedLinearMethod):
+            return (f"{getattr(layer, 'prefix', '') or type(layer).__name__} is quantized "
+                    f"({type(layer.quant_method).__name__}); the fused path is built for unquantized linears")
+        reason = ops.matmul_comm_unfused_reason(layer.weight.dtype, int(layer.input_size_per_partition),
+                                                int(layer.tp_size))
+        if reason is not None:
+            return reason
+    if soc not in FUSED_SOCS:
+        return f"SoC {soc}: torch_npu documents the fused kernels for Atlas {' and '.join(FUSED_SOCS)} only"
+    return None
+
+
+def mark(model: torch.nn.Module, soc: str | None = None) -> dict[str, Any]:
     """Mark the decoder layers' norms, row-parallel and MoE layers and the final norm; fail where the shape differs.
 
     A decoder layer: a module with norms ``input_layernorm`` and
@@ -161,10 +236,13 @@ def mark(model: torch.nn.Module) -> dict[str, int]:
     MLP's ``down_proj``) and MoE layers are the ones inside it, two in all.
     The final norm: ``norm`` of the module that holds the decoder layers
     (``layers``). Returns how many of each were marked (``moe`` only where
-    there were MoE layers).
+    there were MoE layers) and ``matmul_comm``: the row-parallel layers' comm form (:func:`unfused_reason`;
+    ``soc``: the NPU's, None elsewhere).
     """
-    counts = {"decoder_layers": 0, "norms": 0, "row_parallel": 0}
+    counts: dict[str, Any] = {"decoder_layers": 0, "norms": 0, "row_parallel": 0}
     moe: list[Any] = []
+    linears: list[Any] = []
+    norms_marked: list[Any] = []
     final = None
     for module in model.modules():
         norms = [getattr(module, n, None) for n in ("input_layernorm", "post_attention_layernorm")]
@@ -173,10 +251,12 @@ def mark(model: torch.nn.Module) -> dict[str, int]:
             for norm in norms:
                 norm.sp_shards, norm.sp_handle = True, provider_handle(norm.seam_ops)
                 counts["norms"] += 1
+                norms_marked.append(norm)
             for inner in module.modules():
                 if isinstance(inner, AscendRowParallelLinear) and inner.reduce_results and inner.tp_size > 1:
                     inner.sp_shards = True
                     counts["row_parallel"] += 1
+                    linears.append(inner)
             moe += _moe_layers(module)
         if isinstance(getattr(module, "layers", None), torch.nn.ModuleList) and _is_norm(getattr(module, "norm", None)):
             final = module.norm
@@ -193,6 +273,13 @@ def mark(model: torch.nn.Module) -> dict[str, int]:
         counts["moe"] = len(moe)
     final.sp_shards, final.sp_handle = True, provider_handle(final.seam_ops)
     counts["norms"] += 1
+    reason = unfused_reason(linears, moe, final.seam_ops, soc)
+    if reason is None:
+        for layer in linears:
+            layer.sp_fused, layer.sp_handle = True, final.sp_handle
+        for norm in (*norms_marked, final):
+            norm.sp_reduced = True
+    counts["matmul_comm"] = FUSED if reason is None else f"separate: {reason}"
     return counts
 
 

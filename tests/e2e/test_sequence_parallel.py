@@ -16,6 +16,7 @@ import json
 
 import pytest
 
+from ascend_kernel.ops.matmul_comm import REFERENCE_REASON
 from tests.e2e.conftest import assert_same_tokens, clean_env, generate, hf_greedy
 
 pytestmark = pytest.mark.e2e
@@ -88,8 +89,10 @@ def test_the_decision_the_layers_and_the_key_are_reported(run):
     assert decision["chosen"] == "sequence-parallel"
     assert report["tp_comm"] == {"policy": "sequence-parallel", "tp_size": 2, "model_kind": "dense",
                                  "min_tokens": MIN_TOKENS}
-    # two decoder layers: their two norms and two row-parallel layers each, and the final norm
-    assert report["layer_ops"]["sequence_parallel"] == {"decoder_layers": 2, "norms": 5, "row_parallel": 4}
+    # two decoder layers: their two norms and two row-parallel layers each, and the final norm; on a CPU host the
+    # row-parallel layers keep the separate form (matmul, then the norm's reduce-scatter over gloo)
+    assert report["layer_ops"]["sequence_parallel"] == {"decoder_layers": 2, "norms": 5, "row_parallel": 4,
+                                                        "matmul_comm": f"separate: {REFERENCE_REASON}"}
     assert "RowParallelLinear" in report["layer_ops"]["replaced"]
     changes = {c["path"]: c for c in report["config_changes"]}
     assert changes["additional_config.enable_flashcomm1"]["new"] == "setting sequence_parallel=True"

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from npu.standin import NpuTensor, host, npu, on_device
-from npu.standin_hccl import fabric_named
+from npu.standin_hccl import current_rank, fabric_named
 
 CALLS: list[tuple[str, tuple, dict]] = []
 #: storage formats of the tensors npu_format_cast made (by id of the returned tensor)
@@ -277,6 +277,60 @@ def npu_moe_distribute_combine_v2(expand_x: torch.Tensor, expert_ids: torch.Tens
     return npu(out.to(expand_x.dtype))
 
 
+def _tp_peers(op: str, hcom: str, world_size: int, value: Any) -> tuple[int, list[Any]]:
+    """(this rank, what every rank of the TP group ``hcom`` posted), as the fused kernel's own collective sees it."""
+    _check(isinstance(hcom, str) and hcom != "", f"{op}: hcom must be the HCCL communicator name")
+    _check(world_size in (2, 4, 8, 16, 32), f"{op}: world_size {world_size} not in 2, 4, 8, 16, 32")
+    fabric = fabric_named(hcom)
+    _check(fabric is not None, f"{op}: no HCCL communicator named {hcom!r} (not a device group's name)")
+    _check(fabric.world == world_size, f"{op}: world_size {world_size} but {hcom!r} has {fabric.world} ranks")
+    rank = current_rank()
+    return rank, fabric.exchange(rank, value)
+
+
+def _check_matmul(op: str, x1: torch.Tensor, x2: torch.Tensor, bias: Any, comm_turn: int) -> None:
+    """The documented limits both fused matmul-collective kernels share."""
+    on_device(x1, x2)
+    _check(x1.dim() == 2 and x2.dim() == 2, f"{op}: input and x2 must be 2-D")
+    _check(x1.dtype in (torch.float16, torch.bfloat16) and x2.dtype == x1.dtype,
+           f"{op}: float16/bfloat16 of one dtype, got {x1.dtype} and {x2.dtype}")
+    _check(x1.shape[1] == x2.shape[0], f"{op}: k differs ({tuple(x1.shape)} @ {tuple(x2.shape)})")
+    _check(256 <= x1.shape[1] < 65535, f"{op}: k {x1.shape[1]} outside [256, 65535)")
+    _check(bias is None, f"{op}: a bias is not supported in this version")
+    _check(comm_turn == 0, f"{op}: comm_turn must be 0")
+
+
+def npu_mm_reduce_scatter_base(input: torch.Tensor, x2: torch.Tensor, hcom: str, world_size: int, *,
+                               reduce_op: str = "sum", bias: Any = None, x1_scale: Any = None, x2_scale: Any = None,
+                               comm_turn: int = 0, output_dtype: Any = None, comm_mode: Any = None) -> torch.Tensor:
+    """``reducescatter(input @ x2)`` over the group's ranks along m: rank r gets rows ``r*m/w .. (r+1)*m/w``."""
+    _log("npu_mm_reduce_scatter_base", (input, x2, hcom, world_size),
+         {"reduce_op": reduce_op, "bias": bias, "comm_turn": comm_turn})
+    _check_matmul("npu_mm_reduce_scatter_base", input, x2, bias, comm_turn)
+    _check(reduce_op == "sum", f"reduce_op {reduce_op!r}: only 'sum'")
+    _check(input.shape[0] % world_size == 0, f"m {input.shape[0]} not divisible by world_size {world_size}")
+    product = host(input).double() @ host(x2).double()
+    rank, posted = _tp_peers("npu_mm_reduce_scatter_base", hcom, world_size, product)
+    rows = input.shape[0] // world_size
+    return npu(torch.stack(posted).sum(0)[rank * rows:(rank + 1) * rows].to(input.dtype))
+
+
+def npu_all_gather_base_mm(input: torch.Tensor, x2: torch.Tensor, hcom: str, world_size: int, bias: Any = None,
+                           x1_scale: Any = None, x2_scale: Any = None, gather_index: int = 0,
+                           gather_output: bool = True, comm_turn: int = 0, output_dtype: Any = None,
+                           comm_mode: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(allgather(input) @ x2, allgather(input))``, the ranks' rows in rank order; the second empty without
+    ``gather_output``."""
+    _log("npu_all_gather_base_mm", (input, x2, hcom, world_size),
+         {"bias": bias, "gather_index": gather_index, "gather_output": gather_output, "comm_turn": comm_turn})
+    _check_matmul("npu_all_gather_base_mm", input, x2, bias, comm_turn)
+    _check(gather_index == 0, "gather_index must be 0 (gather input)")
+    _, posted = _tp_peers("npu_all_gather_base_mm", hcom, world_size, host(input))
+    gathered = torch.cat(posted)
+    out = (gathered.double() @ host(x2).double()).to(input.dtype)
+    return npu(out), npu(gathered if gather_output else gathered.new_empty(0))
+
+
 def _npu_paged_attention(*, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                          num_kv_heads: int, num_heads: int, scale_value: float, block_table: torch.Tensor,
                          context_lens: torch.Tensor, out: torch.Tensor, workspace: Any = None) -> None:
@@ -313,7 +367,8 @@ def make_module() -> types.ModuleType:
     module = types.ModuleType("torch_npu")
     for name in ("npu_format_cast", "npu_quantize", "npu_dynamic_quant", "npu_trans_quant_param",
                  "npu_quant_matmul", "npu_grouped_matmul", "npu_swiglu", "get_npu_format",
-                 "npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2", "_npu_paged_attention",
+                 "npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2", "npu_mm_reduce_scatter_base",
+                 "npu_all_gather_base_mm", "_npu_paged_attention",
                  "_npu_paged_attention_get_workspace"):
         setattr(module, name, globals()[name])
     module._C = types.SimpleNamespace(_weak_ref_tensor=lambda t: t if isinstance(t, NpuTensor) else _no_ref(t))

@@ -195,9 +195,46 @@ class StandinHcclGroup(dist.ProcessGroup):
             tensor.host.copy_(total)
         return _Work()
 
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
+        """SUM over the ranks of ``input``, this rank's ``output``-sized chunk of it (dim 0, rank order)."""
+        if opts is not None and getattr(opts, "reduceOp", dist.ReduceOp.SUM) != dist.ReduceOp.SUM:
+            raise NotImplementedError("the stand-in HCCL group reduces with SUM only")
+        _device_only("reduce_scatter", [output, input])
+        if input.shape[0] != output.shape[0] * self.fabric.world:
+            raise RuntimeError(f"HCCL reduce_scatter: input {tuple(input.shape)} is not {self.fabric.world} "
+                               f"outputs of {tuple(output.shape)}")
+        total = torch.stack(self.fabric.exchange(self.my_rank, input.host.clone())).sum(0)
+        rows = output.shape[0]
+        output.host.copy_(total[self.my_rank * rows:(self.my_rank + 1) * rows])
+        return _Work()
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
+        """Every rank's ``input`` into ``output`` along dim 0, in rank order."""
+        _device_only("all_gather", [output, input])
+        if output.shape[0] != input.shape[0] * self.fabric.world:
+            raise RuntimeError(f"HCCL all_gather: output {tuple(output.shape)} is not {self.fabric.world} inputs "
+                               f"of {tuple(input.shape)}")
+        output.host.copy_(torch.cat(self.fabric.exchange(self.my_rank, input.host.clone())))
+        return _Work()
+
+    _reduce_scatter_base = reduce_scatter_single  # the names an older torch's c10d calls
+    _allgather_base = all_gather_single
+
     def barrier(self, opts: Any = None) -> _Work:
         self.fabric.gate.wait()
         return _Work()
+
+
+#: the rank a :func:`run_ranks` thread runs (a fused kernel's own collective knows its rank from its communicator)
+_THIS_RANK = threading.local()
+
+
+def current_rank() -> int:
+    """The rank of the calling :func:`run_ranks` thread."""
+    rank = getattr(_THIS_RANK, "rank", None)
+    if rank is None:
+        raise RuntimeError("not on a stand-in HCCL rank's thread (standin_hccl.run_ranks)")
+    return rank
 
 
 def run_ranks(world: int, body: Callable[[int], Any]) -> list[Any]:
@@ -206,6 +243,7 @@ def run_ranks(world: int, body: Callable[[int], Any]) -> list[Any]:
     errors: list[BaseException | None] = [None] * world
 
     def run(rank: int) -> None:
+        _THIS_RANK.rank = rank
         try:
             results[rank] = body(rank)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread

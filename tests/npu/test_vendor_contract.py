@@ -2,7 +2,8 @@
 
 ``ascend_kernel/upstream.py`` declares each vendor private name with its
 parameters (:data:`~ascend_kernel.upstream.VENDOR_NAMES`). A static scan of
-``ascend_kernel/`` and ``plugins/`` finds every ``_npu_*`` call, every
+``ascend_kernel/`` and ``plugins/`` finds every ``_npu_*`` call, every call of
+a declared public torch_npu name (the fused matmul-collective kernels), every
 ``_C_ascend`` op call and every ``_weak_ref_tensor`` read: each must be
 declared, pass only declared keywords and no more positional arguments than
 declared; every declaration must still be used. The ``_C_ascend`` stand-ins
@@ -25,6 +26,11 @@ FILES = [p for d in ("ascend_kernel", "plugins") for p in sorted((ROOT / d).rglo
          if p.name != "upstream.py"]
 
 
+#: the public torch_npu names declared as well (their calls are found by name, as the ``_npu_*`` ones by prefix)
+PUBLIC = {n.target.partition(":")[2] for n in upstream.VENDOR_NAMES
+          if n.target.startswith("torch_npu:") and not n.target.partition(":")[2].startswith("_")}
+
+
 def _calls() -> list[tuple[str, str, ast.Call]]:
     """(target, where, call) for every vendor private call in the kernel's source."""
     found = []
@@ -35,7 +41,7 @@ def _calls() -> list[tuple[str, str, ast.Call]]:
                 continue
             attr, owner = node.func.attr, ast.unparse(node.func.value)
             where = f"{path.relative_to(ROOT)}:{node.lineno}"
-            if attr.startswith("_npu_"):
+            if attr.startswith("_npu_") or attr in PUBLIC:
                 found.append((f"torch_npu:{attr}", where, node))
             elif owner in ("_kernels()", "torch.ops._C_ascend"):
                 found.append((f"torch.ops._C_ascend:{attr}", where, node))
@@ -94,3 +100,16 @@ def test_the_installed_torch_npu_has_the_declared_parameters():
         op = getattr(torch.ops.npu, name.target.partition(":")[2])
         params = {a.name for a in op.default._schema.arguments}
         assert set(name.params) <= params, f"{name.target}: torch_npu's schema has {sorted(params)}"
+
+
+def test_the_fake_torch_npu_takes_the_declared_public_parameters():
+    """The fake's fused matmul-collective kernels (written from torch_npu's docs) take what upstream.py declares,
+    the same keywords the kernel passes (the first parameter under the docs' name ``input``)."""
+    import inspect
+
+    from npu import fake_torch_npu
+
+    for name in sorted(PUBLIC):
+        params = list(inspect.signature(getattr(fake_torch_npu, name)).parameters)
+        declared = list(upstream.vendor_name(f"torch_npu:{name}").params)
+        assert params[1:4] == declared[1:4] and set(declared[4:]) <= set(params), (name, params)
