@@ -17,10 +17,14 @@ between two steps, ``--limit-mm-per-prompt '{"image": 2, "video": 1}'`` and ``--
    vLLM installs; its Qwen2-VL frame sampling keeps all 4 frames at 2 fps);
 5. the same video again, as a local file under ``--allowed-local-media-path``: a prefix-cache hit (its usage
    counts cached prompt tokens) whose uncached rest of the video takes the encoder's output from the
-   encoder cache.
+   encoder cache;
+6. an animated WebP (4 frames of 84 x 112, 250 ms each: 4 fps) as a video: FFmpeg under vLLM's OpenCV reads
+   one frame of it, so the kernel's media connector hands vLLM's loader a lossless video of its frames
+   (ascend_kernel/cli/animated_video.py).
 
 The oracle is transformers' processor and model on the same pixels (prompt ids, placeholder expansion
-included, and greedy tokens; the video's frames as written, at their 2 fps). Bad requests get HTTP 400
+included, and greedy tokens; the video's frames as written, at their 2 fps; the WebP's as PIL decodes them,
+at 4 fps). Bad requests get HTTP 400
 naming the problem and the server keeps serving: undecodable image bytes, more images than the limit, an
 image URL to a remote host (no network here), a local file outside ``--allowed-local-media-path``, an
 aspect ratio Qwen's processor refuses, undecodable video bytes, more videos than the limit; a local image
@@ -41,7 +45,7 @@ import pytest
 
 from ascend_kernel.cli.serving import REPORT_PATH
 from tests.e2e.test_serving import http, start_server
-from tests.vlm_inputs import make_image, shared_tiny_vlm, transformers_greedy, write_video
+from tests.vlm_inputs import make_image, read_frames, shared_tiny_vlm, transformers_greedy, write_animation, write_video
 
 pytestmark = pytest.mark.e2e
 
@@ -50,6 +54,7 @@ CHUNK = 64  # --max-num-batched-tokens
 LIMIT = 2  # images per prompt
 VIDEO_LIMIT = 1  # videos per prompt
 FPS = 2.0  # the video's frame rate (Qwen2.5-VL's sampling rate: every frame is kept)
+WEBP_FPS = 4.0  # the animated WebP's (250 ms frames; Qwen2.5-VL keeps its minimum of 4 frames: all of them)
 Q1, Q2, Q3 = "What is in the picture?", "Compare the two pictures.", "What happens in the video?"
 
 
@@ -64,8 +69,10 @@ def pictures() -> dict[str, Any]:
     return {"a": a, "b": make_image(1, 280, 224), "a_half": a.resize((112, 84))}
 
 
-#: (images, message, videos): ``v`` is the video as a data URL, ``v_file`` the same file as a local file URL
-REQUESTS = [(["a"], Q1, []), (["a", "b"], Q2, []), (["a_half"], Q1, []), ([], Q3, ["v"]), ([], Q3, ["v_file"])]
+#: (images, message, videos): ``v`` is the video as a data URL, ``v_file`` the same file as a local file URL,
+#: ``w`` the animated WebP as a data URL
+REQUESTS = [(["a"], Q1, []), (["a", "b"], Q2, []), (["a_half"], Q1, []), ([], Q3, ["v"]), ([], Q3, ["v_file"]),
+            ([], Q3, ["w"])]
 VIDEO = 3  # the index of the first video request
 
 
@@ -98,10 +105,17 @@ def clip(media: Path) -> Any:
 
 
 @pytest.fixture(scope="module")
-def video_urls(media: Path, clip: Any) -> dict[str, str]:
-    """The video as a base64 data URL of the file's bytes and as a ``file://`` URL the server may read."""
+def webp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_animation(tmp_path_factory.mktemp("webp") / "w.webp", 30, 4, 112, 84, frame_ms=int(1000 / WEBP_FPS))
+
+
+@pytest.fixture(scope="module")
+def video_urls(media: Path, clip: Any, webp: Path) -> dict[str, str]:
+    """The video as a base64 data URL of the file's bytes and as a ``file://`` URL the server may read; the
+    animated WebP as a data URL."""
     raw = (media / "v.avi").read_bytes()
-    return {"v": "data:video/x-msvideo;base64," + base64.b64encode(raw).decode(), "v_file": (media / "v.avi").as_uri()}
+    return {"v": "data:video/x-msvideo;base64," + base64.b64encode(raw).decode(), "v_file": (media / "v.avi").as_uri(),
+            "w": "data:video/webp;base64," + base64.b64encode(webp.read_bytes()).decode()}
 
 
 @pytest.fixture(scope="module")
@@ -133,11 +147,13 @@ def served(server: Any, vlm: Path, pictures: dict[str, Any], video_urls: dict[st
 
 
 @pytest.fixture(scope="module")
-def oracle(vlm: Path, pictures: dict[str, Any], clip: Any) -> list[tuple[list[int], list[int]]]:
-    # the last request is the video again (as a local file): the same prompt, the same tokens
-    out = transformers_greedy(vlm, [([pictures[n] for n in names], m, [(clip, FPS)] * len(videos))
-                                    for names, m, videos in REQUESTS[:-1]], MAX_TOKENS)
-    return [*out, out[-1]]
+def oracle(vlm: Path, pictures: dict[str, Any], clip: Any, webp: Path) -> list[tuple[list[int], list[int]]]:
+    clips = {"v": (clip, FPS), "w": (read_frames(webp), WEBP_FPS)}
+    # the video again as a local file (request VIDEO + 1) is the same prompt: the same tokens
+    asked = [r for i, r in enumerate(REQUESTS) if i != VIDEO + 1]
+    out = transformers_greedy(vlm, [([pictures[n] for n in names], m, [clips[v] for v in videos])
+                                    for names, m, videos in asked], MAX_TOKENS)
+    return [*out[:VIDEO + 1], out[VIDEO], *out[VIDEO + 1:]]
 
 
 def test_chat_with_image_and_video_urls_equals_transformers(served: dict[str, Any], oracle) -> None:  # noqa: ANN001
@@ -171,16 +187,16 @@ def test_placeholders_are_split_by_the_chunked_prefill(served: dict[str, Any], v
     report = served["report"]
     states = report["trace"]["attention_states"]
     assert states.get("ChunkedPrefill", 0) >= 2, states
-    # three distinct pictures and one video encoded once each; request 2 took the first picture from the
+    # three distinct pictures and two videos encoded once each; request 2 took the first picture from the
     # encoder cache, request 5 the video (the second chunk of an item a request encoded itself is no hit)
-    assert report["trace"]["encoder"] == {"encoder_runs": 4, "encoder_cache_hits": 2}
+    assert report["trace"]["encoder"] == {"encoder_runs": 5, "encoder_cache_hits": 2}
 
 
 def test_the_same_video_again_is_a_prefix_cache_hit(served: dict[str, Any], vlm: Path) -> None:
     from transformers import AutoTokenizer
 
     video_pad = AutoTokenizer.from_pretrained(vlm).convert_tokens_to_ids("<|video_pad|>")
-    first, again = served["answers"][VIDEO:]
+    first, again = served["answers"][VIDEO:VIDEO + 2]
 
     def cached(answer: dict[str, Any]) -> int:
         return (answer["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
