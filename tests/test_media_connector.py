@@ -99,6 +99,16 @@ def test_other_videos_are_vllms_and_a_still_webp_is_refused_by_name(tmp_path) ->
     (ours, ours_meta), (theirs, their_meta) = (KernelMediaConnector().fetch_video(url).media,
                                                MediaConnector().fetch_video(url).media)
     assert np.array_equal(ours, theirs) and ours_meta == their_meta and ours.shape[0] == 4
+    # vLLM's own frames bundle (comma-separated base64 JPEGs, no container): vLLM's, through the wrapper
+    jpegs = []
+    for seed in (50, 51):
+        buffer = io.BytesIO()
+        make_image(seed, 28, 28).save(buffer, format="JPEG")
+        jpegs.append(base64.b64encode(buffer.getvalue()).decode())
+    bundle = "data:video/jpeg;base64," + ",".join(jpegs)
+    (ours, ours_meta), (theirs, their_meta) = (KernelMediaConnector().fetch_video(bundle).media,
+                                               MediaConnector().fetch_video(bundle).media)
+    assert ours.shape == (2, 28, 28, 3) and np.array_equal(ours, theirs) and ours_meta == their_meta
     buffer = io.BytesIO()
     make_image(5, 28, 28).save(buffer, format="WEBP")
     with pytest.raises(ValueError, match="still WebP image .* send it as an image_url"):
