@@ -102,3 +102,20 @@ def transformers_greedy(model: Path, requests: list[tuple[Any, ...]],
         prompt = batch["input_ids"][0].tolist()
         out.append((prompt, ids[0, len(prompt):].tolist()))
     return out
+
+
+def write_video(path: Path, seed: int, count: int, width: int = 64, height: int = 64, fps: float = 2.0) -> Any:
+    """A real video file of ``count`` :func:`make_image` frames at ``fps``, written with OpenCV (vLLM's own video
+    decoder, installed with vLLM) as FFV1 in AVI: a lossless codec, so the file decodes back to exactly these
+    pixels and the oracle can take the frames as made. Returns them, ``[T, H, W, 3]`` uint8 RGB."""
+    import cv2
+    import numpy as np
+
+    frames = np.stack([np.asarray(make_image(seed + i, width, height)) for i in range(count)])
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"FFV1"), fps, (width, height))
+    if not writer.isOpened():
+        raise RuntimeError(f"OpenCV cannot write an FFV1 video to {path} (built without FFmpeg?)")
+    for frame in frames:
+        writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+    writer.release()
+    return frames

@@ -7,7 +7,9 @@ this test host) will not get there by a retry: the request names an image the se
 the client's to fix (send it inline, as a base64 data URL). :class:`KernelMediaConnector` is vLLM's
 connector with that one difference: a connection error becomes vLLM's ``VLLMValidationError`` (HTTP 400)
 naming the URL's host. Timeouts, HTTP errors from the host, data URLs, local files and
-``--allowed-media-domains`` are vLLM's, unchanged.
+``--allowed-media-domains`` are vLLM's, unchanged. A ``video_url`` that is an animated WebP (FFmpeg, under
+vLLM's OpenCV video decoder, reads its first frame only) is handed to vLLM's video loader as a lossless
+video of its frames (:mod:`.animated_video`); every other video goes to vLLM's loader as sent.
 
 vLLM picks its connector by name from ``VLLM_MEDIA_CONNECTOR``. ``ascend-kernel serve`` sets it to
 :data:`NAME` for the life of vLLM's serve command (put back after it, and left alone when the user set
@@ -26,6 +28,7 @@ from urllib.parse import urlsplit
 from vllm.exceptions import VLLMValidationError
 from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY, MediaConnector
 
+from ascend_kernel.cli.animated_video import aware
 from ascend_kernel.scoped import setting_swapped
 
 NAME = "ascend-kernel"
@@ -46,11 +49,12 @@ def _unreachable(url: str, exc: BaseException) -> VLLMValidationError | None:
 
 
 class KernelMediaConnector(MediaConnector):
-    """vLLM's media connector; an image host the server cannot connect to is a 400 naming the host."""
+    """vLLM's media connector; an image host the server cannot connect to is a 400 naming the host, and an
+    animated WebP video is read frame for frame."""
 
     def load_from_url(self, url: str, media_io: Any, *, fetch_timeout: int | None = None) -> Any:
         try:
-            return super().load_from_url(url, media_io, fetch_timeout=fetch_timeout)
+            return super().load_from_url(url, aware(media_io), fetch_timeout=fetch_timeout)
         except Exception as exc:
             refused = _unreachable(url, exc)
             if refused is None:
@@ -59,7 +63,7 @@ class KernelMediaConnector(MediaConnector):
 
     async def load_from_url_async(self, url: str, media_io: Any, *, fetch_timeout: int | None = None) -> Any:
         try:
-            return await super().load_from_url_async(url, media_io, fetch_timeout=fetch_timeout)
+            return await super().load_from_url_async(url, aware(media_io), fetch_timeout=fetch_timeout)
         except Exception as exc:
             refused = _unreachable(url, exc)
             if refused is None:
