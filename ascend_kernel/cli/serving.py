@@ -111,6 +111,7 @@ class KernelReportMiddleware:
         self._verifier: Any = None  # vLLM's AuthenticationMiddleware, for its token check (built on first use)
         self._tokens_read = False
         self._liveness: Any = None  # the engine-liveness task (False: nothing to watch)
+        self._refused: dict[str, str] | None = None  # request options this configuration cannot run (request_checks)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan" and self._liveness is None:
@@ -121,6 +122,10 @@ class KernelReportMiddleware:
             self._liveness = start_watch(scope["app"].state) or False
         if (scope["type"] != "http" or scope.get("method") == "OPTIONS"
                 or scope["path"].removeprefix(scope.get("root_path", "")) != REPORT_PATH):
+            if scope["type"] == "http":
+                receive = await self._refuse_or_pass(scope, receive, send)
+                if receive is None:
+                    return
             await self.app(scope, receive, send)
             return
         response = await self._answer(scope)
@@ -139,6 +144,21 @@ class KernelReportMiddleware:
         if engine_client is None:
             return _json(503, {"error": "the server has no engine yet"})
         return await report_response(engine_client)
+
+    async def _refuse_or_pass(self, scope: Any, receive: Any, send: Any) -> Any:
+        """The ``receive`` to hand on, or None where the request was answered here with a 400."""
+        from ascend_kernel.cli import request_checks
+
+        if self._refused is None:
+            engine_client = getattr(scope["app"].state, "engine_client", None)
+            if engine_client is None:
+                return receive  # not started yet: ask again with the next request
+            self._refused = request_checks.refused_options(engine_client)
+        receive, option, why = await request_checks.check(scope, receive, self._refused)
+        if option is None:
+            return receive
+        await _json(400, request_checks.bad_request(option, why))(scope, receive, send)
+        return None
 
     def _token_verifier(self, args: Any) -> Any:
         if not self._tokens_read:

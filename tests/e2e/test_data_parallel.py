@@ -421,3 +421,17 @@ def test_idle_dp_rank_runs_dummy_batches_that_publish_a_moe_method(dp_expert_par
     assert dummies(after[idle]) - dummies(before[idle]) >= new_steps - 1, (before[idle], after[idle])
     methods = after[idle].get("dummy_batch_moe_methods", {})
     assert sum(methods.values()) > 0 and set(methods) <= {"naive_multicast", "allgather"}, after[idle]
+
+
+def test_prompt_logprobs_under_lm_head_tp_is_a_400_and_the_server_serves_on(dp_expert_parallel):
+    """vLLM computes prompt logprobs on the requesting DP rank alone, which lm-head TP's collectives cannot serve:
+    the kernel's middleware answers 400 naming the option and the setting before any engine sees it."""
+    import openai
+
+    server, model = dp_expert_parallel
+    with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=300) as api:
+        with pytest.raises(openai.BadRequestError) as refused:
+            api.completions.create(model=str(model), prompt=PROMPTS[0], max_tokens=2, extra_body={"prompt_logprobs": 1})
+        answer = api.completions.create(model=str(model), prompt=PROMPTS[0], **GREEDY)
+    assert "prompt_logprobs" in str(refused.value) and "ASCEND_KERNEL_LMHEAD_TENSOR_PARALLEL_SIZE" in str(refused.value)
+    assert answer.choices[0].token_ids == hf_greedy(model, [answer.choices[0].prompt_token_ids], MAX_TOKENS)[0]
