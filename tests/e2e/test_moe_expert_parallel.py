@@ -45,9 +45,12 @@ SCENARIOS = {
     # method, and the next norm's op reduce-scatters them
     "qwen2_moe-mc2": ("qwen2_moe", {"ASCEND_KERNEL_MOE_COMM_METHOD": "mc2", "ASCEND_KERNEL_LAYER_OPS": "ascend",
                                     "ASCEND_KERNEL_SEQUENCE_PARALLEL": "1"}, {"mc2", "alltoall"}, {"mc2->alltoall"}),
-    # a third party's policy (tests/thirdparty/ak_moe_plugin) returning its own method and a built-in one
+    # a third party's policy (tests/thirdparty/ak_moe_plugin) returning its own method and a built-in one; sequence
+    # parallelism on too, so that it composes with every comm method at TP=2 + EP (MC2 and all-to-all above, naive
+    # multicast and all-gather in test_graph_capture.py's DeepSeek-V2 engine, a third party's method here)
     "qwen2_moe-thirdparty": ("qwen2_moe", {"ASCEND_KERNEL_MOE_COMM": "demo-moe",
-                                           "PYTHONPATH": str(REPO / "tests" / "thirdparty")},
+                                           "PYTHONPATH": str(REPO / "tests" / "thirdparty"),
+                                           "ASCEND_KERNEL_LAYER_OPS": "ascend", "ASCEND_KERNEL_SEQUENCE_PARALLEL": "1"},
                              {"shard-allgather", "alltoall"}, set()),
 }
 
