@@ -39,12 +39,13 @@ def health(server: LocalServer) -> int | str:
         return "refused"
 
 
-async def stream(api: Any, model: str, prompt: str, started: asyncio.Semaphore) -> tuple[str, str, float]:
+async def stream(api: Any, model: str, prompt: str, started: asyncio.Semaphore,
+                 headers: dict[str, str] | None = None) -> tuple[str, str, float]:
     """One streamed request: ("ok" | "error", detail, when it ended)."""
     try:
         chunks = 0
         answer = await api.completions.create(model=model, prompt=prompt, max_tokens=LONG_TOKENS, temperature=0.0,
-                                              stream=True, extra_body={"ignore_eos": True})
+                                              stream=True, extra_body={"ignore_eos": True}, extra_headers=headers)
         async for _ in answer:
             chunks += 1
             if chunks == 1:
@@ -65,15 +66,21 @@ def kill_group(process: Any) -> Any:
 
 
 async def kill_mid_load(api_node: LocalServer, kill: Any, model: str, api_key: str,
-                        running: int = 8) -> tuple[float, list]:
+                        running: int = 8, dp_rank: int | None = None) -> tuple[float, list]:
     """Eight streams; once ``running`` of them have a token (a server that runs fewer at once queues the rest),
-    ``kill()``; returns when it happened and each stream's outcome."""
+    ``kill()``; returns when it happened and each stream's outcome.
+
+    ``dp_rank``: every stream is sent to that DP rank's engine (vLLM's ``X-data-parallel-rank`` header), so the
+    engine to be killed holds them all. Left to vLLM's balancer, a node still counted busy from an earlier test
+    can get none (seen in CI: all eight ran on the surviving engine and finished before the watch fired)."""
     from openai import AsyncOpenAI
 
+    headers = None if dp_rank is None else {"X-data-parallel-rank": str(dp_rank)}
     async with AsyncOpenAI(base_url=f"{api_node.base_url}/v1", api_key=api_key, max_retries=0,
                            timeout=300) as api:
         started = asyncio.Semaphore(0)
-        tasks = [asyncio.create_task(stream(api, model, f"Request {i} starts with", started)) for i in range(8)]
+        tasks = [asyncio.create_task(stream(api, model, f"Request {i} starts with", started, headers))
+                 for i in range(8)]
         for _ in range(running):
             await asyncio.wait_for(started.acquire(), timeout=120)
         killed_at = time.monotonic()

@@ -249,12 +249,13 @@ def test_killed_headless_node_fails_open_requests_within_bound_and_a_restart_ser
     api, headless = two_nodes
     server_process = api.process
     assert faults.health(api) == 200
+    # every stream on the headless node's engine (DP rank 1): the one killed
     killed_at, outcomes = asyncio.run(faults.kill_mid_load(api, faults.kill_group(headless.process), str(tiny_llama),
-                                                                API_KEY))
+                                                                API_KEY, dp_rank=1))
     ended = max(t for _, _, t in outcomes) - killed_at
     failed = [detail for kind, detail, _ in outcomes if kind == "error"]
-    # the killed engine's requests fail with vLLM's dead-engine error (not the client's timeout), in time
-    assert failed and all("EngineCore encountered an issue" in d for d in failed), outcomes
+    # the killed engine's requests (all eight) fail with vLLM's dead-engine error (not the client's timeout), in time
+    assert len(failed) == 8 and all("EngineCore encountered an issue" in d for d in failed), outcomes
     assert ended < faults.BOUND_S, outcomes
     # /health never says 200 again, and the API node exits (its engine with it)
     answers = []
