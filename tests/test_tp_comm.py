@@ -245,7 +245,7 @@ def _op_worker(rank: int, port: int, out_dir: str) -> None:
     trace = StepTrace()
     norm = SimpleNamespace(seam_ops=_NormProvider(), weight=torch.nn.Parameter(requires_grad=False, data=1 + torch.arange(HIDDEN,
                            dtype=torch.float64) / 10), variance_epsilon=1e-6)
-    norm.sp_handle = provider_handle(norm.seam_ops)  # as sp.mark does
+    norm.sp_handle, norm.sp_reduced = provider_handle(norm.seam_ops), False  # as sp.mark does (a separate matmul)
 
     def layer(partial, residual):
         normed, residual = sp.tp_add_rms_norm(norm, partial * 1.0, residual)

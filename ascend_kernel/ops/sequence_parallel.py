@@ -102,12 +102,12 @@ def combine_add_rms_norm(add_rms_norm: Any, partial: torch.Tensor, residual: tor
     padded = -(-tokens // world) * world
     shard = padded // world
     rank = comm.rank_in_group
-    if reduced:
-        summed = pad_tokens(partial, padded)[rank * shard:(rank + 1) * shard]
-    else:
-        summed = comm.reduce_scatter(pad_tokens(partial, padded).contiguous(), 0)
     lo, hi = rank * shard, min((rank + 1) * shard, tokens)
     rows = max(hi - lo, 0)
+    if reduced:  # this rank's rows only, padded to the shard (the rest of ``partial`` is zeros)
+        summed = pad_tokens(partial[lo:lo + rows], shard)
+    else:
+        summed = comm.reduce_scatter(pad_tokens(partial, padded).contiguous(), 0)
     residual_shard = residual.new_zeros((shard, *residual.shape[1:]))
     residual_shard[:rows] = residual[lo:lo + rows]
     out, added = add_rms_norm(summed, residual_shard, weight, eps)

@@ -131,9 +131,10 @@ define_op_once(MM_OP, "str provider, Tensor x, Tensor weight, Tensor? bias) -> T
 def tp_add_rms_norm(norm: Any, partial: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A marked norm's call: one opaque op while traced (or under a dispatch mode), its body run plainly eagerly.
 
-    ``norm.sp_handle`` (set by :func:`mark`, outside any trace) names the norm's seam provider.
+    ``norm.sp_handle`` (set by :func:`mark`, outside any trace) names the norm's seam provider; ``norm.sp_reduced``
+    (set there too) says whether the layer before it already reduce-scattered.
     """
-    handle, reduced = norm.sp_handle, bool(getattr(norm, "sp_reduced", False))
+    handle, reduced = norm.sp_handle, norm.sp_reduced
     if is_compiling() or dispatch_mode_depth():
         return torch.ops.ascend_kernel.tp_add_rms_norm(handle, partial, residual, norm.weight, norm.variance_epsilon,
                                                        reduced)
@@ -277,8 +278,8 @@ def mark(model: torch.nn.Module, soc: str | None = None) -> dict[str, Any]:
     if reason is None:
         for layer in linears:
             layer.sp_fused, layer.sp_handle = True, final.sp_handle
-        for norm in (*norms_marked, final):
-            norm.sp_reduced = True
+    for norm in (*norms_marked, final):  # fused layers hand on the reduced shard: their norms read it as it is
+        norm.sp_reduced = reason is None
     counts["matmul_comm"] = FUSED if reason is None else f"separate: {reason}"
     return counts
 
