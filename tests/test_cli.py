@@ -96,6 +96,15 @@ def cli(*argv: str, **env: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+def engine_cli(*argv: str) -> subprocess.CompletedProcess:
+    """A command refused after vLLM is imported (for its types), in a process forked from the test zygote that
+    imported it once (tests/e2e/cli_zygote.py): the same argv, environment and exit status, without ~15 s of
+    imports per command."""
+    from tests.e2e.conftest import clean_env, run_cli
+
+    return run_cli(list(argv), env=clean_env(), expect_rc=2)
+
+
 def error_line(proc: subprocess.CompletedProcess, *needles: str, alone: bool = True) -> str:
     """The error paragraph (the last stderr line; with alone, the only one), checked for rc 2 and needles."""
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -119,7 +128,7 @@ def model_dir(tmp_path_factory) -> str:
 
 
 def test_engine_arg_of_the_wrong_type_is_refused_before_the_engine(model_dir):
-    proc = cli("generate", "--model", model_dir, "--engine-arg", "max_num_seqs=abc")
+    proc = engine_cli("generate", "--model", model_dir, "--engine-arg", "max_num_seqs=abc")
     # not alone: importing vLLM (for its types) logs to stderr
     error_line(proc, "--engine-arg max_num_seqs='abc' is not allowed", "whole number", alone=False)
     assert "Resolved architecture" not in proc.stderr  # vLLM never read the model
@@ -144,7 +153,7 @@ def test_bad_flag_value_names_flag_value_and_allowed(model_dir, argv, needles):
 
 def test_lora_adapters_need_names_of_their_own(model_dir, tmp_path):
     (tmp_path / "adapter_config.json").write_text("{}")
-    proc = cli("generate", "--model", model_dir, "--lora", f"a={tmp_path}", "--lora", f"a={tmp_path}")
+    proc = engine_cli("generate", "--model", model_dir, "--lora", f"a={tmp_path}", "--lora", f"a={tmp_path}")
     error_line(proc, "--lora names ['a', 'a']: each adapter needs a name of its own", alone=False)
     assert "Resolved architecture" not in proc.stderr  # refused before vLLM read the model
 

@@ -43,14 +43,15 @@ async def stream(api: Any, model: str, prompt: str, started: asyncio.Semaphore,
                  headers: dict[str, str] | None = None) -> tuple[str, str, float]:
     """One streamed request: ("ok" | "error", detail, when it ended)."""
     try:
-        chunks = 0
+        chunks, finish = 0, None
         answer = await api.completions.create(model=model, prompt=prompt, max_tokens=LONG_TOKENS, temperature=0.0,
                                               stream=True, extra_body={"ignore_eos": True}, extra_headers=headers)
-        async for _ in answer:
+        async for chunk in answer:
             chunks += 1
             if chunks == 1:
                 started.release()
-        return "ok", f"{chunks} chunks", time.monotonic()
+            finish = next((c.finish_reason for c in chunk.choices if c.finish_reason), finish)
+        return "ok", f"{chunks} chunks, finish_reason {finish}", time.monotonic()
     except Exception as exc:  # noqa: BLE001 - the outcome under test
         return "error", f"{type(exc).__name__}: {exc}", time.monotonic()
 
