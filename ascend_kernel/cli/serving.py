@@ -241,14 +241,10 @@ class LocalServer:
 
     def start(self, timeout_s: float = 600.0) -> "LocalServer":
         """Start and wait until ``/health`` answers 200 (raises with the log's tail if the server dies first)."""
-        import subprocess
         import time
         import urllib.request
 
-        log = open(self.log_path, "wb")  # noqa: SIM115 - the child writes to it for its whole life
-        self.process = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=self.new_session)
-        log.close()
+        self.process = self.launch()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -263,6 +259,15 @@ class LocalServer:
             time.sleep(1.0)
         self.stop()
         raise TimeoutError(f"the server was not ready after {timeout_s:.0f} s; log tail:\n{self.log_text()[-4000:]}")
+
+    def launch(self) -> Any:
+        """The server's process (a ``subprocess.Popen``, or anything with its ``pid``, ``poll``, ``wait``,
+        ``send_signal`` and ``returncode``), its output in the log file; a subclass may start it otherwise."""
+        import subprocess
+
+        with open(self.log_path, "wb") as log:  # the child keeps its own descriptor
+            return subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=self.new_session)
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """SIGTERM (vLLM shuts its engine down), then SIGKILL to the server's own process group if it lingers."""

@@ -61,10 +61,14 @@ def _child(request: dict[str, Any]) -> None:
     """In the forked child: become the command's process and run the CLI module as ``python -m`` would."""
     import runpy
 
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the zygote's reaper is not the command's
     os.setsid()  # its own process group, so a timeout kills the command and whatever it started
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+        if fd == 2 and path == request["stdout"]:  # one log for both, as ``stderr=STDOUT``
+            os.dup2(1, 2)
+            continue
         out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(out, fd)
         os.close(out)
@@ -100,8 +104,27 @@ def _child(request: dict[str, Any]) -> None:
     os._exit(code if isinstance(code, int) else (0 if code is None else 1))
 
 
+#: detached children (servers) still running: pid -> the file their exit status goes to
+_detached: dict[int, str] = {}
+
+
+def _reap_detached(signum: int, frame: Any) -> None:
+    """SIGCHLD: write each ended detached child's exit status to its file (only those: a command's own child
+    is waited for by the loop)."""
+    for pid, rc_file in list(_detached.items()):
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done, status = pid, 0
+        if done:
+            del _detached[pid]
+            Path(rc_file + ".tmp").write_text(str(os.waitstatus_to_exitcode(status)))
+            os.replace(rc_file + ".tmp", rc_file)
+
+
 def serve(flavour: str) -> None:
     _preload(flavour)
+    signal.signal(signal.SIGCHLD, _reap_detached)
     channel = os.fdopen(os.dup(1), "w", buffering=1)
     print(json.dumps({"ready": flavour}), file=channel)
     for line in sys.stdin:
@@ -111,6 +134,11 @@ def serve(flavour: str) -> None:
         pid = os.fork()
         if pid == 0:
             _child(request)
+        if request.get("rc_file"):  # detached (a server): its status goes to the file when it ends
+            _detached[pid] = request["rc_file"]
+            print(json.dumps({"pid": pid}), file=channel)
+            _reap_detached(signal.SIGCHLD, None)  # it may have ended already
+            continue
         print(json.dumps({"pid": pid}), file=channel)
         _, status = os.waitpid(pid, 0)
         print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), file=channel)
@@ -154,10 +182,61 @@ class Zygote:
             return subprocess.CompletedProcess(argv, rc, out.read_text(errors="replace"),
                                                err.read_text(errors="replace"))
 
+    def start(self, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path) -> "ForkedProcess":
+        """``ascend-kernel ARGV`` in a forked child that runs on its own (a server), stdout and stderr to
+        ``log_path``; returns at once with a handle like ``subprocess.Popen``'s."""
+        rc_file = str(log_path) + ".exit-status"
+        Path(rc_file).unlink(missing_ok=True)
+        with self.lock:
+            request = {"argv": argv, "env": env, "cwd": str(cwd), "stdout": str(log_path),
+                       "stderr": str(log_path), "rc_file": rc_file}
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the {self.flavour} zygote died starting {argv}")
+        return ForkedProcess(json.loads(line)["pid"], argv, Path(rc_file))
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(timeout=30)
+
+
+class ForkedProcess:
+    """A detached child of a zygote, handled as a ``subprocess.Popen`` (its exit status comes from the file the
+    zygote writes when it ends: it is the zygote's child, not this process's)."""
+
+    def __init__(self, pid: int, args: list[str], rc_file: Path) -> None:
+        self.pid, self.args, self.rc_file = pid, args, rc_file
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self.rc_file.exists():
+            self.returncode = int(self.rc_file.read_text())
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.1)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def _kill_group(pid: int) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, clean_env, generate, hf_greedy
+from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, clean_env, generate, hf_greedy, zygote_server
 
 pytestmark = pytest.mark.e2e
 PROMPTS = ["The capital of France is", "Once upon a time, there was a little"]
@@ -146,15 +146,13 @@ def test_two_adapters_and_base_in_one_batch_under_cpu_graph(tiny_llama, lora):
 
 @pytest.fixture(scope="module")
 def server(tiny_llama, lora, tmp_path_factory) -> Any:
-    from ascend_kernel.cli.serving import LocalServer
-
     env = clean_env()
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's AsyncLLM runs its engine core apart
     modules = [f"{name}={path}" for name, path in lora["paths"].items()]
-    server = LocalServer([*CLI, "serve", str(tiny_llama), "--dtype", "float32", "--max-model-len", "512",
-                          "--enforce-eager", "--seed", "0", "--served-model-name", "base", "--enable-lora",
-                          "--max-loras", "2", "--max-lora-rank", str(RANK), "--lora-modules", *modules],
-                         env, tmp_path_factory.mktemp("serve_lora") / "server.log")
+    server = zygote_server([*CLI, "serve", str(tiny_llama), "--dtype", "float32", "--max-model-len", "512",
+                            "--enforce-eager", "--seed", "0", "--served-model-name", "base", "--enable-lora",
+                            "--max-loras", "2", "--max-lora-rank", str(RANK), "--lora-modules", *modules],
+                           env, tmp_path_factory.mktemp("serve_lora") / "server.log")
     yield server.start(timeout_s=ENGINE_TIMEOUT_S)
     server.stop()
 

@@ -28,8 +28,8 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from ascend_kernel.cli.serving import REPORT_PATH, LocalServer
-from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, clean_env, hf_greedy
+from ascend_kernel.cli.serving import REPORT_PATH
+from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, clean_env, hf_greedy, zygote_server
 from tests.e2e.test_pd_disaggregation import GREEDY, MAX_TOKENS, get_json, mooncake_missing, prompt_tokens_by_source
 
 pytestmark = pytest.mark.e2e
@@ -63,9 +63,9 @@ def scenario(request, tmp_path_factory) -> Any:
     model = create_tiny_model(spec.model, logs / spec.model, seed=0)
     env = clean_env(ASCEND_KERNEL_ATTENTION_BACKEND="ascend")
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    proxy = LocalServer([*CLI, "serve-pd", str(model), "--log-dir", str(logs), "--dtype", "float32",
-                         "--max-model-len", "512", "--enforce-eager", "--seed", "0", *spec.args], env,
-                        logs / "serve-pd.log")
+    proxy = zygote_server([*CLI, "serve-pd", str(model), "--log-dir", str(logs), "--dtype", "float32",
+                           "--max-model-len", "512", "--enforce-eager", "--seed", "0", *spec.args], env,
+                          logs / "serve-pd.log")
     proxy.start(timeout_s=ENGINE_TIMEOUT_S)
     try:
         status = get_json(f"{proxy.base_url}/pd-proxy/status")

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from ascend_kernel.cli.serving import REPORT_PATH, LocalServer
-from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, REPO, clean_env, hf_greedy, run_cli
+from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, REPO, clean_env, hf_greedy, run_cli, zygote_server
 
 pytestmark = pytest.mark.e2e
 
@@ -103,8 +103,8 @@ def deployment(model, tmp_path_factory) -> Any:
                     ASCEND_KERNEL_KV_TRANSFER_PULL_TIMEOUT_S=str(PULL_TIMEOUT_S),
                     ASCEND_KERNEL_ATTENTION_BACKEND="ascend", ASCEND_KERNEL_LAYER_OPS="ascend")
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    proxy = LocalServer([*CLI, "serve-pd", str(model), "--prefill", "1", "--decode", "1", "--log-dir", str(logs),
-                         *SERVE_ARGS], env, logs / "serve-pd.log")
+    proxy = zygote_server([*CLI, "serve-pd", str(model), "--prefill", "1", "--decode", "1", "--log-dir", str(logs),
+                           *SERVE_ARGS], env, logs / "serve-pd.log")
     proxy.start(timeout_s=ENGINE_TIMEOUT_S)
     status = get_json(f"{proxy.base_url}/pd-proxy/status")
     yield {"proxy": proxy, "prefill": status["prefill"][0]["url"], "decode": status["decode"][0]["url"], "logs": logs}

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from ascend_kernel.cli.serving import REPORT_PATH, LocalServer
-from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, clean_env, generate, run_cli
+from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, clean_env, generate, run_cli, zygote_server
 
 pytestmark = pytest.mark.e2e
 
@@ -46,8 +46,8 @@ def start_server(model: Path, log_path: Path, *extra: str, eager: bool = True, *
     env = clean_env(VLLM_CPU_KVCACHE_SPACE="1", **env_extra)
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's AsyncLLM always runs its engine core apart
     args = SERVE_ARGS if eager else [a for a in SERVE_ARGS if a != "--enforce-eager"]
-    server = LocalServer([*CLI, "serve", str(model), *args, "--api-key", API_KEY, *extra], env, log_path,
-                         api_key=API_KEY)
+    server = zygote_server([*CLI, "serve", str(model), *args, "--api-key", API_KEY, *extra], env, log_path,
+                           api_key=API_KEY)
     _running.append(server)
     return server.start(timeout_s=ENGINE_TIMEOUT_S)
 
