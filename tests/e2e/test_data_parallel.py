@@ -24,6 +24,8 @@ Scenarios, one deployment each (tiny Llama, float32, eager, 4 concurrent prompts
 * the same two nodes, the headless one then killed mid-load: the API node
   fails the open requests within a bound and exits; the deployments after it
   on this host serve again (``faults.py``; the kernel's liveness watch makes it so);
+* two nodes again at DP=2 x TP=2 (each node one engine of two TP workers), Qwen2-MoE with expert parallelism
+  over all four ranks and sequence parallelism on each TP pair (``enable_flashcomm1``);
 * tensor parallelism over two "nodes" (``-tp 2 --nnodes 2 --node-rank 0|1``,
   node 1 ``--headless``) on the Ascend attention backend: vLLM's MP executor
   on node 0 drives node 1's worker, and the report lists both TP ranks.
@@ -150,28 +152,42 @@ def running(api: LocalServer, headless: HeadlessNode, what: str, headless_stop_s
         headless.stop(timeout_s=headless_stop_s)
 
 
-def two_node_deployment(model: Path, logs: Path, *extra: str,
-                        slow_trigger: Path | None = None) -> tuple[LocalServer, HeadlessNode]:
+def two_node_deployment(model: Path, logs: Path, *extra: str, slow_trigger: Path | None = None,
+                        tensor_parallel: int = 1, settings: dict[str, str] | None = None,
+                        api_only: tuple[str, ...] = ()) -> tuple[LocalServer, HeadlessNode]:
     """API node (DP rank 0) and ``--headless`` node (DP rank 1), not started; a 3 s engine-liveness timeout.
 
     ``slow_trigger``: the headless node samples with the test-only ``slow-step-test`` sampler, which makes the
-    step after that file appears slow (``slow_step.py``)."""
+    step after that file appears slow (``slow_step.py``). ``tensor_parallel`` 2: each node's engine drives two TP
+    workers (vLLM's ``mp`` executor, one core each), four ranks in all. ``settings``: kernel settings of both.
+    ``api_only``: arguments of the API node alone (vLLM refuses ``--api-server-count`` on a headless one)."""
     dp = ["--data-parallel-size", "2", "--data-parallel-size-local", "1",
           "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(free_port()), *extra]
-    liveness = {"ASCEND_KERNEL_ENGINE_LIVENESS_TIMEOUT_S": str(faults.LIVENESS_TIMEOUT_S)}
+    liveness = {"ASCEND_KERNEL_ENGINE_LIVENESS_TIMEOUT_S": str(faults.LIVENESS_TIMEOUT_S), **(settings or {})}
+
+    def node_env(core: str) -> dict[str, str]:
+        """One core per node, or (TP > 1) both cores for each node's TP workers, the mp executor's environment."""
+        if tensor_parallel == 1:
+            return server_env(core)
+        env = server_env("|".join(map(str, range(tensor_parallel))))
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        return env
+
+    if tensor_parallel > 1:
+        dp += ["--tensor-parallel-size", str(tensor_parallel), "--distributed-executor-backend", "mp"]
     slow = {}
     if slow_trigger is not None:
         path = [str(slow_step.install(logs / "slow-step-plugin")), str(REPO), os.environ.get("PYTHONPATH", "")]
         slow = {"PYTHONPATH": os.pathsep.join(p for p in path if p), "ASCEND_KERNEL_SAMPLER": slow_step.NAME,
                 "SLOW_STEP_TRIGGER": str(slow_trigger), "SLOW_STEP_SECONDS": str(SLOW_STEP_S)}
     headless = HeadlessNode([*CLI, "serve", str(model), *SERVE_ARGS, *dp, "--headless",
-                             "--data-parallel-start-rank", "1"], {**server_env("1"), **liveness, **slow},
+                             "--data-parallel-start-rank", "1"], {**node_env("1"), **liveness, **slow},
                             logs / "node1.log")
     headless.slow_trigger = slow_trigger
     # vLLM's default API server count (-dp 2: two API server processes on this node, one holding the heartbeat
     # port, the other receiving the beats it relays): each must take the busy node as alive, the killed one as dead
-    api = zygote_server([*CLI, "serve", str(model), *SERVE_ARGS, *dp],
-                        {**server_env("0"), **liveness}, logs / "node0.log", api_key=API_KEY)
+    api = zygote_server([*CLI, "serve", str(model), *SERVE_ARGS, *dp, *api_only],
+                        {**node_env("0"), **liveness}, logs / "node0.log", api_key=API_KEY)
     return api, headless
 
 
@@ -271,6 +287,42 @@ def test_killed_headless_node_fails_open_requests_within_bound_and_a_restart_ser
         print(f"\n[fault bound] {len(failed)}/8 requests failed ({dead_engine} with vLLM's dead-engine error, "
               f"others: {others}); all ended {ended:.1f} s after the kill; API node exited after {exited:.1f} s, "
               f"its processes gone after {gone:.1f} s; /health: {sorted(map(str, set(answers)))}")
+
+
+def test_dp2_x_tp2_moe_with_expert_and_sequence_parallelism_equals_transformers(tmp_path):
+    """Qwen2-MoE at DP=2 x TP=2 over the two nodes (one engine of two TP workers each), expert parallelism over all
+    four ranks and sequence parallelism (vllm-ascend's ``enable_flashcomm1``, the seam's layers) on each node's TP
+    pair. The DP ranks run different token counts (the balancer splits four prompts of different lengths, and an
+    idle rank runs dummy batches): each pads its own passes to a multiple of TP, no cross-DP padding is needed
+    (docs/families/tp_comm.md), and the tokens equal transformers'. One API server (``--api-server-count 1``):
+    the liveness watch and its relay are the fault test's subject above."""
+    from ascend_kernel.models import create_tiny_model
+
+    moe = create_tiny_model("qwen2_moe", tmp_path / "qwen2_moe")
+    api, headless = two_node_deployment(moe, tmp_path, "--enable-expert-parallel",
+                                        "--additional-config", json.dumps({"enable_flashcomm1": True}),
+                                        tensor_parallel=2, settings={"ASCEND_KERNEL_LAYER_OPS": "ascend"},
+                                        api_only=("--api-server-count", "1"))
+    with running(api, headless, "DP x TP headless node", headless_stop_s=2):
+        check_answers(api, moe)
+        merged = report(api)
+    ranks = merged["ranks"]
+    assert [(r["dp_rank"], r["rank"]) for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)], ranks
+    steps = {r["dp_rank"]: r["trace"]["steps"] for r in ranks}
+    assert all(n > 0 for n in steps.values()), steps  # the balancer gave both DP ranks requests
+    for entry in ranks:
+        trace = entry["trace"]
+        # every rank's experts received rows (four EP ranks)
+        assert trace["moe_tokens"] and all(n > 0 for n in trace["moe_tokens"].values()), trace
+        # a MoE model runs sequence parallel on every scheduled pass, its norms' op too
+        assert trace["sequence_parallel_steps"] == {"sequence_parallel": trace["steps"]}, trace
+        assert set(trace["sequence_parallel_norm_ops"]) == {"sequence_parallel"}, trace
+    # a DP rank's two TP ranks run every step together
+    assert ranks[0]["trace"]["steps"] == ranks[1]["trace"]["steps"], ranks
+    assert ranks[2]["trace"]["steps"] == ranks[3]["trace"]["steps"], ranks
+    # the policy's rules see the EP world across both nodes (4)
+    assert merged["moe_comm"]["world_size"] == 4 and merged["moe_comm"]["expert_parallel"], merged["moe_comm"]
+    assert merged["tp_comm"] == {"policy": "sequence-parallel", "tp_size": 2, "model_kind": "moe", "min_tokens": 1}
 
 
 # -- tensor parallelism across two "nodes" (vLLM's --nnodes/--node-rank, MP executor) ------------------------
