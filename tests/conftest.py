@@ -22,10 +22,10 @@ def pytest_ignore_collect(collection_path, config):
 #: longest files first lets the short ones fill the end, so both workers finish together instead of one running
 #: a long end-to-end file alone at the end. Only an order: a file missing here just starts later.
 LONGEST_FIRST = (
-    "e2e/test_quantization.py", "e2e/test_pd_backends.py", "e2e/test_graph_capture.py",
-    "e2e/test_data_parallel.py", "e2e/test_real_model.py", "e2e/test_sfa.py", "e2e/test_serving.py",
-    "e2e/test_model_families.py", "e2e/test_pd_disaggregation.py", "e2e/test_drafters.py",
-    "test_conformance.py", "e2e/test_ascend_backend.py", "e2e/test_eplb.py",
+    "e2e/test_data_parallel.py", "e2e/test_quantization.py", "e2e/test_graph_capture.py", "e2e/test_pd_backends.py",
+    "e2e/test_model_families.py", "e2e/test_sfa.py", "e2e/test_drafters.py", "e2e/test_eplb.py",
+    "e2e/test_pd_disaggregation.py", "e2e/test_real_model.py", "e2e/test_serving.py", "e2e/test_ray.py",
+    "e2e/test_moe_expert_parallel.py", "test_conformance.py", "e2e/test_ascend_backend.py",
 )
 
 
