@@ -32,9 +32,12 @@ def pad_tokens(x: torch.Tensor, padded_tokens: int) -> torch.Tensor:
 
 
 def token_shard(x: torch.Tensor, padded_tokens: int, rank: int, world_size: int) -> torch.Tensor:
-    """Rank ``rank``'s shard of the full-token tensor ``x`` (padded first), as a tensor of its own."""
+    """Rank ``rank``'s shard of the full-token tensor ``x`` (as if ``x`` were padded first), a tensor of its own.
+
+    Only the shard's rows are copied (and padded where they run past ``x``): the whole tensor is never padded."""
     shard = padded_tokens // world_size
-    return pad_tokens(x, padded_tokens)[rank * shard:(rank + 1) * shard].clone()
+    rows = x[rank * shard:(rank + 1) * shard]
+    return pad_tokens(rows, shard) if rows.shape[0] < shard else rows.clone()
 
 
 def reduce_scatter_tokens(partial: torch.Tensor, padded_tokens: int, group: dist.ProcessGroup | None,
@@ -108,8 +111,7 @@ def combine_add_rms_norm(add_rms_norm: Any, partial: torch.Tensor, residual: tor
         summed = pad_tokens(partial[lo:lo + rows], shard)
     else:
         summed = comm.reduce_scatter(pad_tokens(partial, padded).contiguous(), 0)
-    residual_shard = residual.new_zeros((shard, *residual.shape[1:]))
-    residual_shard[:rows] = residual[lo:lo + rows]
+    residual_shard = token_shard(residual, padded, rank, world)
     out, added = add_rms_norm(summed, residual_shard, weight, eps)
     gathered = comm.all_gather(out.contiguous(), 0)[:tokens]
     residual_out = residual.new_zeros(residual.shape)

@@ -71,28 +71,25 @@ def run_cli(args: list[str], env: dict[str, str] | None = None, expect_rc: int =
     return proc
 
 
-def start_detached(argv: list[str], env: dict[str, str], log_path: Path, new_session: bool = True) -> Any:
-    """A long-running ``ascend-kernel`` command (a server, a headless node): forked from the kernel's zygote when
-    the command is the CLI's and its platform the zygote's (about 17 s of imports fewer per server: vLLM's
-    engine core alone is 7 s), else a plain subprocess. Either way its own process group, output to
-    ``log_path``; the handle behaves as a ``subprocess.Popen``."""
+def fork_detached(argv: list[str], env: dict[str, str], log_path: Path, new_session: bool = True) -> Any:
+    """A long-running ``ascend-kernel`` command (a server, a headless node) forked from the kernel's zygote, or
+    None where it does not fit (not the CLI's command, not the zygote's platform, the zygote off, the parent's
+    process group wanted): about 17 s of imports fewer per server (vLLM's engine core alone is 7 s). Its own
+    process group, output to ``log_path``; the handle behaves as a ``subprocess.Popen``."""
     device = env.get("ASCEND_KERNEL_DEVICE", "auto").lower()
-    forkable = (argv[:len(CLI)] == CLI and new_session and device in ("cpu", "auto")
-                and os.environ.get("ASCEND_KERNEL_TEST_ZYGOTE", "1") != "0")
-    if forkable:
-        return _zygote("kernel").start(argv[len(CLI):], env, REPO, log_path)
-    with open(log_path, "wb") as log:
-        return subprocess.Popen(argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=new_session)
+    if (argv[:len(CLI)] != CLI or not new_session or device not in ("cpu", "auto")
+            or os.environ.get("ASCEND_KERNEL_TEST_ZYGOTE", "1") == "0"):
+        return None
+    return _zygote("kernel").start(argv[len(CLI):], env, REPO, log_path)
 
 
 def zygote_server(argv: list[str], env: dict[str, str], log_path: Path, **kwargs: Any) -> Any:
-    """A :class:`~ascend_kernel.cli.serving.LocalServer` whose process :func:`start_detached` starts."""
+    """A :class:`~ascend_kernel.cli.serving.LocalServer` forked from the zygote where :func:`fork_detached` can."""
     from ascend_kernel.cli.serving import LocalServer
 
     class ForkedServer(LocalServer):
         def launch(self) -> Any:
-            return start_detached(self.argv, self.env, self.log_path, self.new_session)
+            return fork_detached(self.argv, self.env, self.log_path, self.new_session) or super().launch()
 
     return ForkedServer(argv, env, log_path, **kwargs)
 

@@ -42,6 +42,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -50,7 +51,7 @@ import pytest
 
 from ascend_kernel.cli.serving import REPORT_PATH, LocalServer, free_port
 from tests.e2e import faults, slow_step
-from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, REPO, clean_env, hf_greedy, start_detached, zygote_server
+from tests.e2e.conftest import CLI, ENGINE_TIMEOUT_S, REPO, clean_env, hf_greedy, fork_detached, zygote_server
 
 pytestmark = pytest.mark.e2e
 
@@ -124,7 +125,11 @@ class HeadlessNode:
 
     def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
         self.log_path = log_path
-        self.process = start_detached(argv, env, log_path)
+        self.process = fork_detached(argv, env, log_path)
+        if self.process is None:
+            with open(log_path, "wb") as log:
+                self.process = subprocess.Popen(argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, start_new_session=True)
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -257,7 +262,7 @@ def test_killed_headless_node_fails_open_requests_within_bound_and_a_restart_ser
     # dead-engine error (the usual end: the liveness watch failed the client), or, seen 2 times in about 12 runs
     # under load and not yet explained, ended otherwise (aborted by a shutdown, finish_reason "abort", or cut);
     # a request that ran to its length was never on the killed engine
-    failed = [detail for kind, detail, _ in outcomes if kind == "error" or not detail.endswith("finish_reason length")]
+    failed = [detail for _, detail, _ in outcomes if not detail.endswith("finish_reason length")]
     assert len(failed) == 8, f"{outcomes} (killed at {killed_at}); the API node's log ends:\n{api.log_text()[-6000:]}"
     dead_engine = sum("EngineCore encountered an issue" in d for d in failed)
     assert ended < faults.BOUND_S, outcomes
