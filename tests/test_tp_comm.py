@@ -290,7 +290,8 @@ def test_the_op_gives_the_all_reduce_result_either_way_compiled_or_eager(op_rank
             torch.testing.assert_close(got[(tokens, "all_reduce", "compiled")][1], residual, rtol=1e-12, atol=1e-12)
 
 
-def test_in_a_sequence_parallel_call_each_rank_keeps_its_shard_of_the_residual_and_zeros_elsewhere(op_ranks):
+def test_in_a_sequence_parallel_call_each_rank_keeps_its_shard_of_the_residual(op_ranks):
+    """The other rows are never read (the next norm reads this rank's again), so they are left unwritten."""
     for tokens in OP_TOKENS:
         shard = SequenceParallelPass.of(tokens, WORLD).shard_tokens
         residual = op_ranks[0][(tokens, "oracle")][1]
@@ -300,9 +301,6 @@ def test_in_a_sequence_parallel_call_each_rank_keeps_its_shard_of_the_residual_a
                 out = got[(tokens, "sequence_parallel", mode)][1]
                 assert out.shape == (tokens, HIDDEN)
                 torch.testing.assert_close(out[rows], residual[rows], rtol=1e-12, atol=1e-12)
-                kept = torch.zeros(tokens, dtype=torch.bool)
-                kept[rows] = True
-                assert torch.equal(out[~kept], torch.zeros_like(out[~kept]))
 
 
 def test_one_traced_graph_serves_both_choices_and_the_trace_counts_calls_and_bytes(op_ranks):

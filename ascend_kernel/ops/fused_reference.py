@@ -57,18 +57,32 @@ def _fused_add_rms_norm_kernel() -> Any:
     return getattr(vllm_c_ops(), "fused_add_rms_norm", None)
 
 
+def _cpu_kernel_serves(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype in _CPU_KERNEL_DTYPES and residual.dtype == x.dtype \
+        and weight.dtype == x.dtype and _fused_add_rms_norm_kernel() is not None
+
+
 def _vllm_cpu_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                                  eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
     """vLLM-CPU's fused add + RMSNorm on copies (it works in place), or None where it does not serve."""
-    if x.device.type != "cpu" or x.dtype not in _CPU_KERNEL_DTYPES or residual.dtype != x.dtype \
-            or weight.dtype != x.dtype:
-        return None
-    kernel = _fused_add_rms_norm_kernel()
-    if kernel is None:
+    if not _cpu_kernel_serves(x, residual, weight):
         return None
     out, summed = x.contiguous().clone(), residual.contiguous().clone()
-    kernel(out, summed, weight.contiguous(), eps)
+    _fused_add_rms_norm_kernel()(out, summed, weight.contiguous(), eps)
     return out, summed
+
+
+def vllm_cpu_add_rms_norm_in_place(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> bool:
+    """``residual += x; x = rms_norm(residual) * weight`` in place by vLLM-CPU's kernel; False where it does not serve.
+
+    For a caller that owns both tensors (sequence parallelism's reduce-scattered
+    shard and the rows of its own output): the op form copies both first.
+    """
+    if not (_cpu_kernel_serves(x, residual, weight) and x.is_contiguous() and residual.is_contiguous()
+            and x.shape == residual.shape):
+        return False
+    _fused_add_rms_norm_kernel()(x, residual, weight.contiguous(), eps)
+    return True
 
 
 class ReferenceFusedOps:
@@ -90,6 +104,12 @@ class ReferenceFusedOps:
                 return fast
         summed = x + residual
         return rms_norm_math(summed, weight, eps)[0], summed
+
+    def add_rms_norm_in_place(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                              eps: float) -> bool:
+        """``add_rms_norm`` written into its owned inputs (x: normed, residual: the sum) where a CPU kernel can;
+        False leaves both untouched (the caller runs the op)."""
+        return self.use_cpu_kernels and vllm_cpu_add_rms_norm_in_place(x, residual, weight, eps)
 
     @seam_op("rope", ROPE_SCHEMA, rope_fake)
     def rope(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,

@@ -73,8 +73,8 @@ def ring_bytes(tensor_bytes: int, world_size: int) -> int:
 
 
 def combine_add_rms_norm(add_rms_norm: Any, partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                         eps: float, sequence_parallel: bool, comm: Any,
-                         reduced: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
+                         eps: float, sequence_parallel: bool, comm: Any, reduced: bool = False,
+                         add_rms_norm_in_place: Any = None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Combine the ranks' row-parallel ``partial`` sums, add ``residual`` and RMS-normalise, either way.
 
     ``comm`` has ``rank_in_group``, ``world_size``, ``all_reduce(x)``,
@@ -88,11 +88,17 @@ def combine_add_rms_norm(add_rms_norm: Any, partial: torch.Tensor, residual: tor
     * sequence parallel (FlashComm v1): pad to a multiple of the TP size,
       reduce-scatter, add this rank's shard of ``residual`` and normalise the
       shard, all-gather the normed shards. The returned residual holds this
-      rank's shard rows; its other rows are zeros, since the next norm reads
-      only this rank's rows again (each rank's shard of the pass is fixed).
+      rank's shard rows; its other rows are left unwritten, since the next norm
+      reads only this rank's rows again (each rank's shard of the pass is fixed;
+      zeroing them cost this host as much as the shard's norm).
       With ``reduced`` the row-parallel layer already reduce-scattered (a
       fused matmul + reduce-scatter): ``partial`` holds this rank's shard
       rows of the sum, zeros elsewhere, and is read instead of reduced here.
+
+    ``add_rms_norm_in_place(x, residual, weight, eps) -> bool`` (the
+    provider's, where it has one) lets a sequence-parallel pass normalise the
+    reduce-scattered shard it owns in place, adding into its own output's
+    rows, instead of the op's two copies; False falls back to the op.
 
     Returns ``(normed, residual, bytes this rank sent)``.
     """
@@ -111,10 +117,17 @@ def combine_add_rms_norm(add_rms_norm: Any, partial: torch.Tensor, residual: tor
         summed = pad_tokens(partial[lo:lo + rows], shard)
     else:
         summed = comm.reduce_scatter(pad_tokens(partial, padded).contiguous(), 0)
-    residual_shard = token_shard(residual, padded, rank, world)
+    if add_rms_norm_in_place is not None and not reduced and rows == shard:
+        residual_out = torch.empty_like(residual)  # only this rank's rows are written; the others are never read
+        own = residual_out[lo:hi]
+        own.copy_(residual[lo:hi])
+        if add_rms_norm_in_place(summed, own, weight, eps):  # summed: the reduce-scatter's fresh shard, ours
+            return comm.all_gather(summed, 0)[:tokens], residual_out, 2 * ring_bytes(padded * row_bytes, world)
+    # the shard's rows as a view where no padding is needed (the add_rms_norm op does not write its inputs)
+    residual_shard = residual[lo:hi] if rows == shard else token_shard(residual, padded, rank, world)
     out, added = add_rms_norm(summed, residual_shard, weight, eps)
     gathered = comm.all_gather(out.contiguous(), 0)[:tokens]
-    residual_out = residual.new_zeros(residual.shape)
+    residual_out = torch.empty_like(residual)  # this rank's rows only (the others are never read)
     residual_out[lo:lo + rows] = added[:rows]
     return gathered, residual_out, 2 * ring_bytes(padded * row_bytes, world)
 

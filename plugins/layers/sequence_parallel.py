@@ -20,7 +20,7 @@ size (cpu-graph) still makes it on every pass:
   (:func:`ascend_kernel.ops.sequence_parallel.combine_add_rms_norm`).
 
 Both choices keep every tensor the graph sees at the pass's full token count
-(the residual the op returns holds this rank's shard rows, zeros elsewhere),
+(the residual the op returns holds this rank's shard rows; the others are never read, nor written),
 so a traced graph's shapes hold for both. The first layer's input norm runs
 without a residual on the embedding's full output, as in an all-reduce pass.
 Only what :func:`mark` marks changes: other norms (Qwen3's per-head q/k
@@ -82,7 +82,7 @@ def _op_impl(provider: str, partial: torch.Tensor, residual: torch.Tensor, weigh
     sequence_parallel = current_pass() is not None
     ops = provider_for(provider)
     out, added, sent = combine_add_rms_norm(ops.add_rms_norm, partial, residual, weight, eps, sequence_parallel,
-                                            tp_group(), reduced)
+                                            tp_group(), reduced, getattr(ops, "add_rms_norm_in_place", None))
     trace = step_trace()
     if trace is not None:
         choice = "sequence_parallel" if sequence_parallel else "all_reduce"

@@ -119,6 +119,20 @@ def test_cpu_fused_add_rms_norm_kernel_matches_the_torch_maths(dtype, tol):
     assert ReferenceFusedOps.use_cpu_kernels
 
 
+def test_in_place_add_rms_norm_writes_the_ops_result_into_its_inputs_or_declines_untouched():
+    """Sequence parallelism's form for the tensors it owns: the op's two results, in place; False where it cannot."""
+    _, x, r, w, _ = _norm_inputs(3, torch.float32)
+    normed, summed = ops.add_rms_norm(x, r, w, 1e-6)
+    x_own, r_own = x.clone(), r.clone()
+    assert ops.add_rms_norm_in_place(x_own, r_own, w, 1e-6)
+    assert torch.equal(x_own, normed) and torch.equal(r_own, summed)
+    x64, r64 = x.double(), r.double()  # float64: no CPU kernel, so no in-place form; the inputs stay as they were
+    assert not ops.add_rms_norm_in_place(x64, r64, w.double(), 1e-6)
+    assert torch.equal(x64, x.double()) and torch.equal(r64, r.double())
+    strided = x.t().contiguous().t()
+    assert not ops.add_rms_norm_in_place(strided, r.clone(), w, 1e-6) and torch.equal(strided, x)
+
+
 def test_fused_ops_are_single_nodes_in_a_trace():
     def composed(x, r, w, inv, off):
         return ops.add_rms_norm_quant(x, r, w, 1e-6, inv, off, None)
