@@ -1,20 +1,21 @@
 """Prefill throughput at TP=2: sequence parallelism (FlashComm v1) vs all-reduce, and the bytes each rank sends.
 
-One run, two engines alive at once (each in a child process of its own: vLLM fixes its platform per process),
-both TP=2 (``VLLM_CPU_OMP_THREADS_BIND="0|1"``: vLLM-CPU's shared-memory collectives), the seam's layers and
-``ASCEND_KERNEL_SEQUENCE_PARALLEL=1`` on a tiny Llama widened to ``--hidden`` with prompts of ``--prompt-tokens``
-tokens:
+One engine, TP=2 (``VLLM_CPU_OMP_THREADS_BIND="0|1"``: vLLM-CPU's shared-memory collectives), the seam's layers
+and ``ASCEND_KERNEL_SEQUENCE_PARALLEL=1``, on a tiny Llama widened to ``--hidden`` with prompts of
+``--prompt-tokens`` tokens. The TP-communication policy chooses per pass at run time, from its threshold; the
+benchmark moves that threshold on every rank between rounds (``collective_rpc``), so both choices run in the same
+processes, on the same memory and the same prompts:
 
-* ``sequence-parallel``: the default threshold (1,000 tokens), so every prefill pass runs sequence parallel;
-* ``all-reduce``: the threshold above any pass, so the same layers and the same opaque op all-reduce.
+* ``sequence-parallel``: threshold 1 (every prefill pass runs sequence parallel);
+* ``all-reduce``: a threshold above any pass (the same layers and the same opaque op all-reduce).
 
 Both go through ``ascend_kernel::tp_add_rms_norm``, so both count the bytes each rank sent
-(``tp_comm_bytes_sent`` in the step trace, ring-algorithm bytes) and the op's calls by choice. After a warm-up
-each engine times ``--rounds`` greedy generations of ``--batch`` prompts with one output token (the prefill
-alone); the rounds are interleaved (SP, AR, AR, SP, ...: the idle engine's workers sleep), so both see the same
-host load, which on a shared host moves more than the difference measured. ``vs_all_reduce`` is the median of the
+(``tp_comm_bytes_sent`` in the step trace, ring-algorithm bytes) and the op's calls by choice. After a warm-up of
+each, ``--rounds`` rounds each time one greedy generation of ``--batch`` prompts with one output token (the
+prefill alone) per choice, in alternating order (SP, AR, AR, SP, ...). ``vs_all_reduce`` is the median of the
 rounds' paired ratios (all-reduce's round time over sequence parallel's: above 1, SP is faster);
-``prefill_tok_s`` per engine is from its median round.
+``prefill_tok_s`` per choice is from its median round. Two engines, one per choice, differed by up to 6 % with
+the same choice on this host (process placement): hence one engine.
 
     nice -n 10 .venv/bin/python bench/sp.py [--rounds 15] [--batch 1] [--prompt-tokens 2048] [--compiled] [--json]
 
@@ -34,20 +35,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODES = {"sequence-parallel": None, "all-reduce": 10**9}  # the sp_min_tokens each engine runs under
+MODES = {"sequence-parallel": 1, "all-reduce": 10**9}  # the policy's threshold for each choice
 MARK = "@@bench-sp "  # the child's protocol lines, among whatever else reaches its stdout
 
 
-def _child(mode: str, model: str, args: argparse.Namespace) -> None:
-    """One engine: ``ready`` after its warm-up, one timed round per ``round`` line on stdin, its counters on ``done``."""
+def _set_threshold(worker: Any, min_tokens: int) -> int:
+    """On a worker: the TP-communication policy's threshold (a kernel object's field; the benchmark's lever)."""
+    from ascend_kernel import kernel as kernel_mod
+
+    policy = kernel_mod.current_or_none().plan.tp_comm  # type: ignore[union-attr]
+    policy.min_tokens = min_tokens
+    return policy.min_tokens
+
+
+def _child(model: str, args: argparse.Namespace) -> None:
     import contextlib
 
     out = sys.stdout
-
-    def say(record: dict[str, Any]) -> None:
-        out.write(MARK + json.dumps(record) + "\n")
-        out.flush()
-
     with contextlib.redirect_stdout(sys.stderr):
         from ascend_kernel.cli import engine
 
@@ -67,21 +71,36 @@ def _child(mode: str, model: str, args: argparse.Namespace) -> None:
                                                    for i in range(args.prompt_tokens)]) for b in range(args.batch)]
 
         def traces() -> list[dict[str, Any]]:
-            report = engine.kernel_report(llm)
-            return [r["trace"] for r in report["ranks"]]
+            return [r["trace"] for r in engine.kernel_report(llm)["ranks"]]
 
-        llm.generate(prompts(0), params, use_tqdm=False)  # warm-up (and the compile, if any)
-        before = traces()
-        say({"ready": mode})
-        rounds = 0
-        for line in sys.stdin:
-            if line.strip() != "round":
-                break
-            rounds += 1
+        def run(mode: str, seed: int) -> float:
+            assert set(llm.collective_rpc(_set_threshold, args=(MODES[mode],))) == {MODES[mode]}
             started = time.perf_counter()
-            llm.generate(prompts(rounds), params, use_tqdm=False)  # the same prompts in both engines
-            say({"round_s": time.perf_counter() - started})
-        after = traces()
+            llm.generate(prompts(seed), params, use_tqdm=False)
+            return time.perf_counter() - started
+
+        seeds = iter(range(1, 10**6))  # a prompt never seen before in every generation: no prefix-cache hit
+        for mode in MODES:
+            run(mode, next(seeds))  # warm-up (and the compile, if any)
+        times: dict[str, list[float]] = {mode: [] for mode in MODES}
+        counters = {}
+        for mode in MODES:  # each choice's counters over one round of its own
+            before = traces()
+            run(mode, next(seeds))
+            after = traces()
+            counters[mode] = _counters(before, after)
+        for r in range(args.rounds):
+            for mode in (list(MODES) if r % 2 == 0 else list(reversed(MODES))):
+                times[mode].append(run(mode, next(seeds)))
+    rows = {}
+    for mode in MODES:
+        rows[mode] = dict(counters[mode], round_s=times[mode],
+                          prefill_tok_s=args.batch * args.prompt_tokens / statistics.median(times[mode]))
+    out.write(MARK + json.dumps(rows) + "\n")
+    out.flush()
+
+
+def _counters(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str, Any]:
     steps = after[0]["steps"] - before[0]["steps"]
     sent, calls = [], {}
     for b, a in zip(before, after):
@@ -90,65 +109,23 @@ def _child(mode: str, model: str, args: argparse.Namespace) -> None:
         sent.append(sum(total.values()) / max(steps, 1))
         calls = {k: a.get("sequence_parallel_norm_ops", {}).get(k, 0) - b.get("sequence_parallel_norm_ops", {}).get(k, 0)
                  for k in ("sequence_parallel", "all_reduce")}
-    say({"mode": mode, "steps": steps, "bytes_sent_per_rank_per_step": sent, "norm_op_calls": calls})
-
-
-class _Engine:
-    """A child engine driven line by line (its vLLM logs go to a file, read back only if it fails)."""
-
-    def __init__(self, mode: str, model: Path, args: argparse.Namespace, log_dir: Path) -> None:
-        env = dict(os.environ, ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_LAYER_OPS="ascend",
-                   ASCEND_KERNEL_SEQUENCE_PARALLEL="1", VLLM_CPU_OMP_THREADS_BIND="0|1", VLLM_CPU_KVCACHE_SPACE="1",
-                   OMP_WAIT_POLICY="PASSIVE")
-        env.pop("ASCEND_KERNEL_SP_MIN_TOKENS", None)
-        if MODES[mode] is not None:
-            env["ASCEND_KERNEL_SP_MIN_TOKENS"] = str(MODES[mode])
-        argv = [sys.executable, __file__, "--child", mode, "--model", str(model), "--batch", str(args.batch),
-                "--prompt-tokens", str(args.prompt_tokens)] + (["--compiled"] if args.compiled else [])
-        self.mode = mode
-        self.log = log_dir / f"{mode}.log"
-        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log.open("w"), text=True, cwd=Path(__file__).resolve().parents[1])
-
-    def read(self) -> dict[str, Any]:
-        for line in self.proc.stdout:  # type: ignore[union-attr]
-            if line.startswith(MARK):
-                return json.loads(line[len(MARK):])
-        self.proc.wait()
-        raise SystemExit(f"engine {self.mode} stopped (rc {self.proc.returncode}):\n{self.log.read_text()[-3000:]}")
-
-    def send(self, command: str) -> None:
-        self.proc.stdin.write(command + "\n")  # type: ignore[union-attr]
-        self.proc.stdin.flush()  # type: ignore[union-attr]
-
-    def finish(self) -> dict[str, Any]:
-        self.send("done")
-        result = self.read()
-        self.proc.wait()
-        return result
+    return {"steps": steps, "bytes_sent_per_rank_per_step": sent, "norm_op_calls": calls}
 
 
 def _measure(model: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    with tempfile.TemporaryDirectory(prefix="ak-bench-sp-") as logs:
-        engines: dict[str, _Engine] = {}
-        try:
-            for mode in MODES:  # one start-up at a time: each compiles and warms up alone
-                engines[mode] = _Engine(mode, model, args, Path(logs))
-                engines[mode].read()
-            times: dict[str, list[float]] = {mode: [] for mode in MODES}
-            for r in range(args.rounds):
-                for mode in (list(MODES) if r % 2 == 0 else list(reversed(MODES))):
-                    engines[mode].send("round")
-                    times[mode].append(engines[mode].read()["round_s"])
-            rows = {mode: engine.finish() for mode, engine in engines.items()}
-        finally:
-            for engine in engines.values():
-                if engine.proc.poll() is None:
-                    engine.proc.kill()
-    for mode, row in rows.items():
-        row["round_s"] = times[mode]
-        row["prefill_tok_s"] = args.batch * args.prompt_tokens / statistics.median(times[mode])
-    return rows
+    env = dict(os.environ, ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_LAYER_OPS="ascend",
+               ASCEND_KERNEL_SEQUENCE_PARALLEL="1", VLLM_CPU_OMP_THREADS_BIND="0|1", VLLM_CPU_KVCACHE_SPACE="1",
+               OMP_WAIT_POLICY="PASSIVE", VLLM_ALLOW_INSECURE_SERIALIZATION="1")  # collective_rpc with a function
+    env.pop("ASCEND_KERNEL_SP_MIN_TOKENS", None)
+    argv = [sys.executable, __file__, "--child", "--model", str(model), "--rounds", str(args.rounds),
+            "--batch", str(args.batch), "--prompt-tokens", str(args.prompt_tokens)]
+    if args.compiled:
+        argv.append("--compiled")
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]  # vLLM may print on exit
+    if proc.returncode != 0 or not rows:
+        raise SystemExit(f"the engine failed (rc {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(rows[-1][len(MARK):])
 
 
 def main() -> None:
@@ -159,11 +136,11 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--compiled", action="store_true", help="vLLM-CPU's default compilation instead of eager")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--child")
+    parser.add_argument("--child", action="store_true")
     parser.add_argument("--model")
     args = parser.parse_args()
     if args.child:
-        _child(args.child, args.model, args)
+        _child(args.model, args)
         return
     from ascend_kernel.models import create_tiny_model
 
