@@ -85,11 +85,12 @@ class _SeamLayers:
 
 
 def _ctx(sequence_parallel=True, layers=_SeamLayers(), moe=False, arch="LlamaForCausalLM", eager=True, tp=2, pp=1,
-         min_tokens=None):
+         min_tokens=None, spec=None):
     settings = load_settings({"ascend_kernel": {"sequence_parallel": sequence_parallel, "sp_min_tokens": min_tokens}})
     model = SimpleNamespace(is_moe=moe, enforce_eager=eager, hf_config=SimpleNamespace(architectures=[arch]))
     config = SimpleNamespace(model_config=model, parallel_config=SimpleNamespace(tensor_parallel_size=tp,
-                                                                                  pipeline_parallel_size=pp))
+                                                                                  pipeline_parallel_size=pp),
+                             speculative_config=None if spec is None else SimpleNamespace(method=spec))
     return SimpleNamespace(vllm_config=config, settings=settings, chosen={"layer_ops": layers})
 
 
@@ -117,6 +118,11 @@ def test_compiled_models_are_supported_the_choice_is_made_at_run_time():
     assert _pick(_ctx(eager=False))[1].chosen == "sequence-parallel"
 
 
+@pytest.mark.parametrize("method", ["ngram", "eagle", "mtp", "draft_model"])
+def test_drafters_that_read_only_the_final_hidden_states_are_supported(method):
+    assert _pick(_ctx(spec=method))[1].chosen == "sequence-parallel"
+
+
 @pytest.mark.parametrize("arch", ["Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV2ForCausalLM"])
 def test_moe_models_are_supported_and_run_sequence_parallel_on_every_pass(arch):
     policy, record = _pick(_ctx(moe=True, arch=arch, eager=False))
@@ -127,6 +133,7 @@ def test_moe_models_are_supported_and_run_sequence_parallel_on_every_pass(arch):
     (dict(layers=object()), "ASCEND_KERNEL_LAYER_OPS=ascend"),
     (dict(arch="Gemma2ForCausalLM"), "Gemma2ForCausalLM"),
     (dict(pp=2), "pipeline parallelism"),
+    (dict(spec="eagle3"), "speculative method eagle3: its drafter reads the target's hidden states"),
 ])
 def test_asked_for_where_its_mechanism_cannot_run_is_an_error_with_the_reason_never_a_silent_all_reduce(change, words):
     with pytest.raises(SelectionError) as info:

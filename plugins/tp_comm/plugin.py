@@ -28,6 +28,10 @@ DENSE_ARCHITECTURES = frozenset({"LlamaForCausalLM"})
 MOE_ARCHITECTURES = frozenset({"Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV2ForCausalLM"})
 ARCHITECTURES = DENSE_ARCHITECTURES | MOE_ARCHITECTURES
 ASKED = "ASCEND_KERNEL_SEQUENCE_PARALLEL, or vllm-ascend's additional_config enable_flashcomm1"
+#: vLLM's speculative methods whose drafter reads the target's hidden states between decoder layers
+#: (``hidden_states + residual``, vLLM's ``_maybe_add_hidden_state``): under the sequence-parallel layers those are
+#: partial sums and a residual shard, in every pass
+AUX_HIDDEN_STATE_METHODS = frozenset({"eagle3", "extract_hidden_states", "dflash", "dspark"})
 
 
 @hookimpl
@@ -61,6 +65,10 @@ def _sequence_parallel_supported(ctx: Any) -> str | None:
                 f"{', '.join(sorted(ARCHITECTURES))} decoder layers so far")
     if int(getattr(_parallel(config), "pipeline_parallel_size", 1) or 1) > 1:
         return "pipeline parallelism: the tokens a stage hands on would be a shard"
+    method = getattr(getattr(config, "speculative_config", None), "method", None)
+    if method in AUX_HIDDEN_STATE_METHODS:
+        return (f"speculative method {method}: its drafter reads the target's hidden states between decoder layers, "
+                f"which the sequence-parallel layers hand on as partial sums; use ngram, eagle, mtp or a draft model")
     return None
 
 
