@@ -223,6 +223,75 @@ def test_replay_with_a_moved_input_names_it(cfg, dispatch, wrapper):
     assert f"now at {moved.data_ptr():#x}" in text and "num_tokens=2" in text
 
 
+class NextPiece(Piece):
+    """The piece after attention: reads the buffer the piece before returned, and a weight of its own."""
+
+    def __init__(self) -> None:
+        def body(n: int, h: torch.Tensor, w: torch.Tensor):
+            return (h @ w).tanh() + h
+
+        self.graph = _trace(body)
+        self.returns_tuple = False
+        self.calls = 0
+
+
+def test_inner_piece_hands_on_fresh_outputs_and_only_the_models_result_is_static(cfg, dispatch):
+    """As vLLM builds a piecewise model: the first piece is inner (its output goes to the next piece), the last hands
+    the model's result back. The inner piece's replay returns its artifact's tensors as they are; the next piece's
+    input from it is not address-checked (it never leaves the model); the result stays in the capture's buffers,
+    and a caller's tensor that moved is still named."""
+    from vllm.compilation.cuda_graph import CUDAGraphOptions
+    from vllm.compilation.monitor import set_cudagraph_capturing_enabled
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.forward_context import set_forward_context
+
+    from ascend_kernel_plugins.graph.static_wrapper import CaptureBook, MovedInputError, StaticShapeWrapper
+
+    book = CaptureBook(backend="aot_eager")
+    first = StaticShapeWrapper(Piece(), cfg, CUDAGraphMode.PIECEWISE, book=book,
+                               cudagraph_options=CUDAGraphOptions(debug_log_enable=True, weak_ref_output=False))
+    last = StaticShapeWrapper(NextPiece(), cfg, CUDAGraphMode.PIECEWISE, book=book,
+                              cudagraph_options=CUDAGraphOptions(debug_log_enable=False, weak_ref_output=True))
+    torch.manual_seed(0)
+    x, w, w2 = torch.randn(16, 8), torch.randn(8, 8), torch.randn(8, 8)
+
+    def forward(num_tokens, weight2=w2):
+        mode, descriptor = dispatch.dispatch(num_tokens)
+        n = descriptor.num_tokens
+        with set_forward_context(None, cfg, num_tokens=n, cudagraph_runtime_mode=mode, batch_descriptor=descriptor):
+            h, view = first(n, x[:n], w)
+            view.mul_(0.5)  # what attention does: writes into the buffer the piece before handed on
+            return h, last(n, h, weight2)
+
+    def expected(n):
+        h = (x[:n] @ w).relu() * 0.5
+        return (h @ w2).tanh() + h
+
+    set_cudagraph_capturing_enabled(True)
+    try:
+        for _, descriptors in dispatch.get_capture_descs():
+            for d in descriptors:
+                forward(d.num_tokens)
+    finally:
+        set_cudagraph_capturing_enabled(False)
+    assert first.entries and last.entries and book.carried, "the inner piece's capture outputs are named as carried"
+    assert book.carried == set().union(*(e.produced for e in first.entries.values()))
+    assert not any(e.produced & book.carried for e in last.entries.values()), "the result is not carried"
+
+    h1, out1 = forward(4)
+    kept = first.entries[next(d for d in first.entries if d.num_tokens == 4)]
+    assert all(h1 is not t for t in kept.outputs), "an inner replay returns its artifact's tensors, not copies"
+    torch.testing.assert_close(out1, expected(4))
+    x[:4] += 1  # the next step's inputs, written in place
+    h2, out2 = forward(4)
+    torch.testing.assert_close(out2, expected(4))
+    assert out2.data_ptr() == out1.data_ptr(), "the model's result lives in the capture's buffer"
+    with pytest.raises(MovedInputError, match=r"input 2 \(w\)"):
+        forward(4, weight2=w2.clone())  # a caller's tensor rebound: still named
+    first.clear_graphs()
+    assert not book.carried and not first.entries
+
+
 def test_no_capture_outside_vllms_capture_loop(cfg, dispatch, wrapper):
     x, w = torch.randn(16, 8), torch.randn(8, 8)
     from vllm.compilation.monitor import set_cudagraph_capturing_enabled

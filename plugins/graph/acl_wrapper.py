@@ -38,8 +38,8 @@ from typing import Any, Callable
 from ascend_kernel.upstream import tree_map
 
 from ascend_kernel_plugins.graph.capture_session import forget_graph, full_capture, prepare_replay
-from ascend_kernel_plugins.graph.piece_wrapper import (MovedInputError, PieceWrapper, check_input_addresses,
-                                                      gc_collect_skipped, input_addresses, piece_input_names)
+from ascend_kernel_plugins.graph.piece_wrapper import (CapturedAddresses, MovedInputError, PieceWrapper,
+                                                      gc_collect_skipped, piece_input_names)
 
 __all__ = ["AclGraphWrapper", "MovedInputError"]
 
@@ -52,7 +52,7 @@ class AclEntry:
 
     __slots__ = ("descriptor", "graph", "addresses", "output", "replays")
 
-    def __init__(self, descriptor: Any, graph: Any, addresses: list[tuple[int, int]], output: Any) -> None:
+    def __init__(self, descriptor: Any, graph: Any, addresses: CapturedAddresses, output: Any) -> None:
         self.descriptor = descriptor
         self.graph = graph
         self.addresses = addresses
@@ -101,7 +101,7 @@ class AclGraphWrapper(PieceWrapper):
         super().clear_graphs()
 
     def _replay(self, entry: AclEntry, descriptor: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        check_input_addresses(entry.addresses, args, self.input_names, descriptor, kwargs)
+        entry.addresses.check(args, kwargs, self.input_names, descriptor)
         if self.full:  # host-held task params (attention's lengths) re-issued for this pass, then the replay
             from vllm.forward_context import get_forward_context
 
@@ -116,7 +116,7 @@ class AclGraphWrapper(PieceWrapper):
 
         validate_cudagraph_capturing_enabled()
         device = self.device
-        addresses = input_addresses(args, kwargs)
+        addresses = CapturedAddresses(args, kwargs)
         graph = device.new_graph()
         weak = lambda out: tree_map(device.weak_ref, out)  # noqa: E731
         with ExitStack() as stack:

@@ -63,6 +63,45 @@ def check_input_addresses(addresses: list[tuple[int | str, int]], args: tuple[An
                 "address; write per-step inputs into the persistent buffers in place instead of rebinding them.")
 
 
+class CapturedAddresses:
+    """The tensor inputs' addresses at capture, compared as one tuple before each replay.
+
+    The check runs before every replay of every piece, so its common case (nothing
+    moved) is one tuple built from ``data_ptr()`` reads and one comparison; only a
+    mismatch walks the inputs one by one to name the one that moved
+    (:func:`check_input_addresses`).
+    """
+
+    __slots__ = ("addresses", "positions", "keywords", "expected")
+
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None,
+                 exempt_storages: set[int] | frozenset[int] = frozenset()) -> None:
+        """Record the tensor inputs' addresses, leaving out those in ``exempt_storages`` (by storage address)."""
+        self.addresses = input_addresses(args, kwargs)
+        if exempt_storages:
+            values = {**dict(enumerate(args)), **(kwargs or {})}
+            self.addresses = [(key, address) for key, address in self.addresses
+                              if values[key].untyped_storage().data_ptr() not in exempt_storages]
+        self.positions = tuple(key for key, _ in self.addresses if not isinstance(key, str))
+        self.keywords = tuple(key for key, _ in self.addresses if isinstance(key, str))
+        self.expected = tuple(address for _, address in self.addresses)
+
+    def _now(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[int, ...] | None:
+        try:
+            now = [args[i].data_ptr() for i in self.positions]
+            if self.keywords:
+                now.extend(kwargs[k].data_ptr() for k in self.keywords)  # type: ignore[index]
+        except (IndexError, KeyError, TypeError, AttributeError):
+            return None  # an input is missing or no longer a tensor: the slow path names it
+        return tuple(now)
+
+    def check(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None, names: list[str] | None,
+              descriptor: Any) -> None:
+        """Raise :class:`MovedInputError` naming the first tensor input not at its captured address."""
+        if self._now(args, kwargs) != self.expected:
+            check_input_addresses(self.addresses, args, names, descriptor, kwargs)
+
+
 def piece_input_names(runnable: Callable[..., Any]) -> list[str] | None:
     """Names of a runnable's positional inputs: a vLLM piece's FX placeholders, else its signature."""
     graph = getattr(runnable, "graph", None)

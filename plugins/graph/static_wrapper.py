@@ -6,17 +6,27 @@ the runtime mode and batch descriptor that its ``CudagraphDispatcher`` puts
 in the forward context. On a GPU the wrapper records a CUDA graph per batch
 descriptor; a CPU has no graphs, so :class:`StaticShapeWrapper` records the
 next best thing: at capture it compiles the piece for that one shape
-(``torch.compile(dynamic=False)``, inductor by default) and keeps the result
-with output buffers of its own; a replay calls that artifact, so no model
-Python and no shape-generic code runs.
+(``torch.compile(dynamic=False)``, inductor by default); a replay calls that
+artifact, so no model Python and no shape-generic code runs.
 
-What a captured graph would demand, the artifact demands too (so code that is
-capture-safe here is capture-safe on an NPU): every tensor input must be at
-the address it had at capture (:class:`MovedInputError` names the one that
-moved), and the outputs live in buffers owned by the capture, at the same
-addresses on every replay (the next piece then finds its inputs where they
-were at capture). A runtime mode that is not the wrapper's runs the plain
-runnable, like vLLM's ``CUDAGraphWrapper``.
+What a captured graph would demand of the code around it, the artifact
+demands too (so code that is capture-safe here is capture-safe on an NPU):
+
+* every tensor input from outside the model's pieces (the runner's
+  persistent buffers, the KV cache, the weights) must be at the address it
+  had at capture (:class:`MovedInputError` names the one that moved);
+* what the model hands back (the last piece's result, or the whole model's
+  in FULL mode) lives in buffers owned by the capture, at the same addresses
+  on every replay, overwritten by the next one.
+
+What passes from one piece to the next (hidden states, the buffer attention
+writes into) never leaves the model: on a device it sits in the graph pool,
+where no caller can move it. Here an inner piece returns its artifact's
+fresh tensors as they are, and those inputs of the next piece are left out
+of the address check; copying them into fixed buffers cost a few per cent
+of a tiny model's decode step and checked nothing a caller controls.
+A runtime mode that is not the wrapper's runs the plain runnable, like
+vLLM's ``CUDAGraphWrapper``.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from ascend_kernel.upstream import (dynamo_config_patch, dynamo_recompile_limit,
                                     tree_unflatten)
 
 from ascend_kernel_plugins.graph.piece_wrapper import (  # noqa: F401 - MovedInputError is part of this API
-    MovedInputError, PieceWrapper, check_input_addresses, input_addresses, piece_input_names)
+    CapturedAddresses, MovedInputError, PieceWrapper, check_input_addresses, input_addresses, piece_input_names)
 
 
 @dataclass
@@ -52,6 +62,9 @@ class CaptureBook:
     compile_s: float = 0.0
     #: True once capture is over: forward passes from then on are counted
     serving: bool = False
+    #: storages an inner piece's capture returned (kept alive by its entry): a later piece's input in one of
+    #: them is carried from piece to piece, not a caller's buffer, and is left out of the address check
+    carried: set[int] = field(default_factory=set)
 
     def as_dict(self) -> dict[str, Any]:
         return {"captured_sizes": sorted(self.captured_sizes),
@@ -87,27 +100,61 @@ def _mirror(outputs: list[Any]) -> list[Any]:
 
 
 class StaticEntry:
-    """One captured shape: the artifact, the input addresses it was captured with, its output buffers."""
+    """One captured shape: the artifact, the input addresses it was captured with, how it returns its result.
 
-    __slots__ = ("descriptor", "artifact", "addresses", "outputs", "spec")
+    The model's outermost result (``static_outputs``) is copied into the
+    entry's own buffers, and a replay returns the same result object every
+    time. vLLM's pieces return one tensor or a flat tuple or list of tensors;
+    for those the copy pairs and the result are fixed at capture, so a
+    replay does no pytree walk (two walks per piece were about a tenth of a
+    tiny model's decode step). Anything nested goes through the walk. An
+    inner piece's replay returns the artifact's result as it is.
+    """
+
+    __slots__ = ("descriptor", "artifact", "addresses", "static_outputs", "outputs", "spec", "flat", "copies",
+                 "result", "produced")
 
     def __init__(self, descriptor: Any, artifact: Callable[..., Any], args: tuple[Any, ...],
-                 kwargs: dict[str, Any], result: Any) -> None:
+                 kwargs: dict[str, Any], result: Any, static_outputs: bool = True,
+                 carried: set[int] | frozenset[int] = frozenset()) -> None:
         self.descriptor = descriptor
         self.artifact = artifact
-        self.addresses = input_addresses(args, kwargs)
+        self.addresses = CapturedAddresses(args, kwargs, carried)
+        self.static_outputs = static_outputs
         flat, self.spec = tree_flatten(result)
-        self.outputs = _mirror(flat)
+        #: the capture's own result: mirrored buffers (returned by every replay), or the capture's tensors,
+        #: held so that the storages the book names as carried are not reused while it names them
+        self.outputs = _mirror(flat) if static_outputs else flat
+        self.result = tree_unflatten(self.outputs, self.spec)
+        self.produced = {t.untyped_storage().data_ptr() for t in flat if isinstance(t, torch.Tensor)}
+        #: the result is a tensor (None) or a flat tuple/list of leaves (its type); anything else walks the tree
+        self.flat: type | None | bool = None if isinstance(result, torch.Tensor) else (
+            type(result) if type(result) in (tuple, list) and len(result) == len(flat) else False)
+        #: (index in the artifact's result, buffer) for every tensor output the replay copies
+        self.copies = tuple((i, out) for i, out in enumerate(self.outputs) if isinstance(out, torch.Tensor))
 
     def check_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any], names: list[str] | None) -> None:
-        check_input_addresses(self.addresses, args, names, self.descriptor, kwargs)
+        self.addresses.check(args, kwargs, names, self.descriptor)
 
     def replay(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        flat, _ = tree_flatten(self.artifact(*args, **kwargs))
-        for static, fresh in zip(self.outputs, flat):
-            if isinstance(static, torch.Tensor) and static is not fresh:
-                static.copy_(fresh)
-        return tree_unflatten(self.outputs, self.spec)
+        fresh = self.artifact(*args, **kwargs)
+        if not self.static_outputs:
+            return fresh
+        if self.flat is None:
+            if fresh is not self.result:
+                self.result.copy_(fresh)
+            return self.result
+        if self.flat is False or type(fresh) is not self.flat or len(fresh) != len(self.outputs):
+            fresh, _ = tree_flatten(fresh)
+            for static, out in zip(self.outputs, fresh):
+                if isinstance(static, torch.Tensor) and static is not out:
+                    static.copy_(out)
+            return tree_unflatten(self.outputs, self.spec)
+        for i, static in self.copies:
+            out = fresh[i]
+            if static is not out:
+                static.copy_(out)
+        return self.result if self.flat is tuple else list(self.result)  # a list is the caller's to change
 
 
 def _target_of(runnable: Any) -> tuple[Callable[..., Any], Callable[[Any], Any], list[str] | None]:
@@ -170,9 +217,18 @@ class StaticShapeWrapper(PieceWrapper):
         self.runtime_mode = runtime_mode
         #: vLLM marks the first piece of a model (it logs); that one counts the book's replays
         self.counts = cudagraph_options is None or bool(getattr(cudagraph_options, "debug_log_enable", True))
+        #: vLLM marks the last piece (its output may be weakly held); that one, or a whole model, hands the
+        #: model's result back and keeps it in buffers of its own
+        self.outermost = cudagraph_options is None or bool(getattr(cudagraph_options, "weak_ref_output", True))
         self.book = book if book is not None else BOOK
         self.entries: dict[Any, StaticEntry] = {}
         self._target, self._shaped, self.input_names = _target_of(runnable)
+
+    def clear_graphs(self) -> None:
+        for entry in self.entries.values():
+            if not entry.static_outputs:
+                self.book.carried -= entry.produced
+        super().clear_graphs()
 
     def _ran_plainly(self) -> None:
         if self.counts and self.book.serving:
@@ -204,8 +260,11 @@ class StaticShapeWrapper(PieceWrapper):
         def artifact(*a: Any, **kw: Any) -> Any:
             return shaped(compiled(*a, **kw))
 
-        entry = self.entries[descriptor] = StaticEntry(descriptor, artifact, args, kwargs, result)
         book = self.book
+        entry = self.entries[descriptor] = StaticEntry(descriptor, artifact, args, kwargs, result,
+                                                       static_outputs=self.outermost, carried=book.carried)
+        if not self.outermost:
+            book.carried |= entry.produced
         book.compile_s += time.perf_counter() - started
         book.artifacts += 1
         book.captured_sizes.add(descriptor.num_tokens)
