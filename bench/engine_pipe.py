@@ -32,10 +32,14 @@ class EnginePipe:
             raise RuntimeError(f"engine {self.label} exited (rc {self.proc.wait()})")
         return json.loads(line)
 
-    def block(self, batch: int, tokens: int) -> dict[str, Any]:
-        self.proc.stdin.write(json.dumps({"batch": batch, "tokens": tokens}) + "\n")
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Send one request line, return the worker's answer line."""
+        self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         return self._read()
+
+    def block(self, batch: int, tokens: int) -> dict[str, Any]:
+        return self.ask({"batch": batch, "tokens": tokens})
 
     def close(self) -> None:
         self.proc.stdin.close()

@@ -1,18 +1,25 @@
 """Vision-language requests through the kernel vs stock vLLM-CPU: time to first token and decode speed.
 
-Each engine runs in a process of its own (vLLM fixes its platform per process); the parent starts a kernel
-child and a stock child per round, alternating which goes first, for ``--rounds`` rounds, and reports
-medians over every measurement. A child builds one engine on the model (prefix caching off, so every
-request encodes its images and prefills in full), warms it up, then ``--reps`` times per image count:
+vLLM fixes its platform per process, so a kernel engine and a stock engine always live in two processes, and
+two processes of the *same* engine differ by several per cent on a small shared host (memory placement;
+``bench/step_overhead.py`` measures it). Timing one engine after the other adds the host's drift on top. So
+each *launch* starts both engines side by side (``EnginePipe`` workers, waiting passively while the other
+runs), and the parent sends them the same requests in turn, the order flipped every pair (ABBA): each pair
+is two measurements seconds apart, on the same images, whose ratio is free of drift. ``--launches`` draws
+new processes (new placements); every launch is warmed up before it is timed.
 
-* ``ttft_ms``: one request with fresh images (seeded noise, never seen before, so neither the
-  processor cache nor the encoder cache serves them) and ``max_tokens=1``: processing, the vision
-  encoder and the prefill;
-* ``decode_tok_s``: the same request shape with other fresh images and ``1 + --decode`` tokens; the
-  decode rate is ``--decode / (time - the ttft just measured)``.
+A pair, per image count and repetition (``--reps``):
 
-``vs_stock`` is kernel over stock, oriented so that higher is better for both: stock ttft / kernel ttft,
-kernel tok/s / stock tok/s.
+* ``ttft``: one request with fresh images (seeded noise never seen before, so neither the processor cache nor
+  the encoder cache serves them; prefix caching is off) and ``max_tokens=1``: processing, the vision encoder
+  and the prefill;
+* ``decode``: the same request shape with other fresh images and ``1 + --decode`` tokens; the decode rate is
+  ``--decode / (time - the same engine's ttft just measured)``.
+
+Both engines answer the same images, so their greedy tokens must be equal (a faster wrong answer stops the
+bench). Rows (``--json``): ``{model, engine, images, ttft_ms, decode_tok_s, vs_stock}``; ``vs_stock`` is the
+median of the paired ratios, oriented so that higher is better for both (stock ttft / kernel ttft, kernel
+tok/s / stock tok/s), with ``vs_stock_range`` the launches' medians (lowest, highest).
 
     .venv/bin/python bench/multimodal.py --model .cache/tiny-models/qwen2_5_vl-seed0 [--json]
 """
@@ -23,12 +30,15 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from engine_pipe import EnginePipe
+
+FLAVOURS = ("kernel", "stock")
 
 
 def _image(path: Path, seed: int, width: int, height: int) -> str:
@@ -40,96 +50,139 @@ def _image(path: Path, seed: int, width: int, height: int) -> str:
     return str(path)
 
 
-def child(args: argparse.Namespace) -> None:
-    """One engine (kernel or stock): print one JSON object of raw measurements."""
-    from ascend_kernel.cli import engine, images
+def worker(args: argparse.Namespace) -> None:
+    """One engine (kernel or stock): a hello line once built, then one answer line per request line."""
+    import contextlib
 
-    engine.prepare_process(kernel=args.flavour == "kernel")
-    from vllm import SamplingParams
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # the idle engine must not spin on the shared cores
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    out = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        from ascend_kernel.cli import engine, images
 
-    most = max(args.images)
-    llm = engine.build_llm(engine.EngineRequest(model=args.model, extra={
-        "limit_mm_per_prompt": {"image": most, "video": 0}, "enable_prefix_caching": False}))
-    folder, seed = Path(tempfile.mkdtemp(prefix="mm-bench-")), args.seed * 100_000
+        engine.prepare_process(kernel=args.worker == "kernel")
+        from vllm import SamplingParams
 
-    def request(count: int, tokens: int) -> float:
-        nonlocal seed
-        paths = []
-        for _ in range(count):
-            seed += 1
-            paths.append(_image(folder / f"{seed}.png", seed, args.width, args.height))
-        [prompt] = images.prompt_inputs(llm, [(args.question, True)], [paths])
-        params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-        started = time.perf_counter()
-        llm.generate([prompt], params, use_tqdm=False)
-        return time.perf_counter() - started
-
-    for count in args.images:  # warm-up: every shape once
-        request(count, 2)
-    out: dict[str, Any] = {}
-    for count in args.images:
-        ttft, rate = [], []
-        for _ in range(args.reps):
-            ttft.append(request(count, 1))
-            whole = request(count, 1 + args.decode)  # same shape, other fresh images
-            rate.append(args.decode / max(whole - ttft[-1], 1e-9))
-        out[str(count)] = {"ttft_s": ttft, "decode_tok_s": rate}
-    engine.shutdown(llm)
-    print("RESULT " + json.dumps(out), flush=True)
+        llm = engine.build_llm(engine.EngineRequest(model=args.model, extra={
+            "limit_mm_per_prompt": {"image": max(args.images), "video": 0}, "enable_prefix_caching": False}))
+    folder = Path(tempfile.mkdtemp(prefix="mm-bench-"))
+    out.write(json.dumps({"pid": os.getpid()}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        request = json.loads(line)
+        paths = [_image(folder / f"{seed}.png", seed, args.width, args.height) for seed in request["seeds"]]
+        with contextlib.redirect_stdout(sys.stderr):
+            [prompt] = images.prompt_inputs(llm, [(args.question, True)], [paths])
+            params = SamplingParams(max_tokens=request["tokens"], temperature=0.0, ignore_eos=True)
+            started = time.perf_counter()
+            [result] = llm.generate([prompt], params, use_tqdm=False)
+            elapsed = time.perf_counter() - started
+        for path in paths:
+            os.unlink(path)
+        out.write(json.dumps({"s": elapsed, "ids": list(result.outputs[0].token_ids)}) + "\n")
+        out.flush()
+    with contextlib.redirect_stdout(sys.stderr):
+        engine.shutdown(llm)
 
 
-def parent(args: argparse.Namespace) -> None:
-    runs: dict[str, list[dict[str, Any]]] = {"kernel": [], "stock": []}
-    for r in range(args.rounds):
-        for flavour in (("kernel", "stock") if r % 2 == 0 else ("stock", "kernel")):
-            cmd = [sys.executable, __file__, "--child", flavour, "--model", args.model, "--seed", str(r),
-                   "--reps", str(args.reps), "--decode", str(args.decode), "--width", str(args.width),
-                   "--height", str(args.height), "--question", args.question,
-                   *[x for n in args.images for x in ("--images", str(n))]]
-            env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-            if proc.returncode != 0 or line is None:
-                raise SystemExit(f"{flavour} child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-            runs[flavour].append(json.loads(line[len("RESULT "):]))
+class Seeds:
+    """Fresh image seeds: never the same image twice in a run, the same for both engines of a pair."""
+
+    def __init__(self, base: int) -> None:
+        self.next = base * 1_000_000
+
+    def take(self, count: int) -> list[int]:
+        self.next += count
+        return list(range(self.next - count, self.next))
+
+
+def _pair(engines: dict[str, EnginePipe], order: tuple[str, ...], request: dict[str, Any]) -> dict[str, Any]:
+    answers = {name: engines[name].ask(request) for name in order}
+    if answers["kernel"]["ids"] != answers["stock"]["ids"]:
+        raise SystemExit(f"kernel and stock tokens differ for images {request['seeds']}: "
+                         f"{answers['kernel']['ids']} vs {answers['stock']['ids']}")
+    return {name: answers[name]["s"] for name in FLAVOURS}
+
+
+def launch(args: argparse.Namespace, index: int, seeds: Seeds) -> dict[int, dict[str, list[float]]]:
+    """One kernel and one stock process, warmed up, then ``--reps`` ABBA pairs per image count."""
+    worker_args = ["--model", args.model, "--width", str(args.width), "--height", str(args.height),
+                   "--question", args.question, *[x for n in args.images for x in ("--images", str(n))]]
+    starts = FLAVOURS if index % 2 == 0 else FLAVOURS[::-1]  # which process is built first alternates too
+    engines = {name: EnginePipe(__file__, name, [name, *worker_args]) for name in starts}
+    samples: dict[int, dict[str, list[float]]] = {}
+    try:
+        for count in args.images:  # warm-up: every shape on both
+            for tokens in (1, 1 + args.decode):
+                _pair(engines, FLAVOURS, {"seeds": seeds.take(count), "tokens": tokens})
+        for count in args.images:
+            got: dict[str, list[float]] = {f"{name}_{key}": [] for name in FLAVOURS for key in ("ttft", "rate")}
+            for rep in range(args.reps):
+                order = FLAVOURS if (rep + index) % 2 == 0 else FLAVOURS[::-1]
+                ttft = _pair(engines, order, {"seeds": seeds.take(count), "tokens": 1})
+                whole = _pair(engines, order[::-1], {"seeds": seeds.take(count), "tokens": 1 + args.decode})
+                for name in FLAVOURS:
+                    got[f"{name}_ttft"].append(ttft[name])
+                    got[f"{name}_rate"].append(args.decode / max(whole[name] - ttft[name], 1e-9))
+            samples[count] = got
+    finally:
+        for engine in engines.values():
+            engine.close()
+    return samples
+
+
+def summarize(args: argparse.Namespace, launches: list[dict[int, dict[str, list[float]]]]) -> list[dict[str, Any]]:
     rows = []
     for count in args.images:
-        med = {f: {k: statistics.median(v for run in runs[f] for v in run[str(count)][k])
-                   for k in ("ttft_s", "decode_tok_s")} for f in runs}
-        for flavour in ("kernel", "stock"):
-            rows.append({"model": args.model, "engine": flavour, "images": count,
-                         "ttft_ms": round(med[flavour]["ttft_s"] * 1e3, 2),
-                         "decode_tok_s": round(med[flavour]["decode_tok_s"], 2),
-                         "vs_stock": None if flavour == "stock" else {
-                             "ttft": round(med["stock"]["ttft_s"] / med["kernel"]["ttft_s"], 3),
-                             "decode": round(med["kernel"]["decode_tok_s"] / med["stock"]["decode_tok_s"], 3)}})
-    if args.json:
-        print(json.dumps({"rows": rows, "rounds": args.rounds, "reps": args.reps}, indent=1))
-        return
-    for row in rows:
-        print(f"{row['engine']:6} images={row['images']} ttft {row['ttft_ms']:8.1f} ms  "
-              f"decode {row['decode_tok_s']:7.1f} tok/s  vs stock {row['vs_stock']}")
+        runs = [run[count] for run in launches]
+        every = {key: [v for run in runs for v in run[key]] for key in runs[0]}
+        ttft_pairs = [s / k for run in runs for k, s in zip(run["kernel_ttft"], run["stock_ttft"])]
+        rate_pairs = [k / s for run in runs for k, s in zip(run["kernel_rate"], run["stock_rate"])]
+        per_launch = [(statistics.median(s / k for k, s in zip(run["kernel_ttft"], run["stock_ttft"])),
+                       statistics.median(k / s for k, s in zip(run["kernel_rate"], run["stock_rate"])))
+                      for run in runs]
+        for name in FLAVOURS:
+            row: dict[str, Any] = {"model": args.model, "engine": name, "images": count,
+                                   "ttft_ms": round(statistics.median(every[f"{name}_ttft"]) * 1e3, 2),
+                                   "decode_tok_s": round(statistics.median(every[f"{name}_rate"]), 2),
+                                   "vs_stock": None}
+            if name == "kernel":
+                row["vs_stock"] = {"ttft": round(statistics.median(ttft_pairs), 3),
+                                   "decode": round(statistics.median(rate_pairs), 3)}
+                row["vs_stock_range"] = {
+                    "ttft": [round(min(t for t, _ in per_launch), 3), round(max(t for t, _ in per_launch), 3)],
+                    "decode": [round(min(d for _, d in per_launch), 3), round(max(d for _, d in per_launch), 3)]}
+            rows.append(row)
+    return rows
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="a vision-language model directory (tiny-model --arch qwen2_5_vl)")
     p.add_argument("--images", type=int, action="append", help="images per request (repeatable; default 1 and 2)")
-    p.add_argument("--rounds", type=int, default=2, help="kernel + stock process pairs")
-    p.add_argument("--reps", type=int, default=5, help="measurements per image count and process")
+    p.add_argument("--launches", type=int, default=3, help="kernel + stock process pairs, each side by side")
+    p.add_argument("--reps", type=int, default=8, help="ABBA pairs per image count and launch")
     p.add_argument("--decode", type=int, default=32, help="decode tokens timed per request")
     p.add_argument("--width", type=int, default=224)
     p.add_argument("--height", type=int, default=168)
     p.add_argument("--question", default="What is in the picture?")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--child", choices=("kernel", "stock"), dest="flavour", help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=FLAVOURS, help=argparse.SUPPRESS)
     args = p.parse_args()
     args.images = args.images or [1, 2]
-    if args.flavour:
-        child(args)
-    else:
-        parent(args)
+    if args.worker:
+        worker(args)
+        return
+    seeds = Seeds(args.seed)
+    rows = summarize(args, [launch(args, i, seeds) for i in range(args.launches)])
+    if args.json:
+        print(json.dumps({"rows": rows, "launches": args.launches, "reps": args.reps}, indent=1))
+        return
+    for row in rows:
+        extra = f"  vs stock {row['vs_stock']} (launches {row['vs_stock_range']})" if row["vs_stock"] else ""
+        print(f"{row['engine']:6} images={row['images']} ttft {row['ttft_ms']:8.2f} ms  "
+              f"decode {row['decode_tok_s']:7.1f} tok/s{extra}")
 
 
 if __name__ == "__main__":
