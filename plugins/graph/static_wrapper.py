@@ -42,7 +42,7 @@ from ascend_kernel.upstream import (dynamo_config_patch, dynamo_recompile_limit,
                                     tree_unflatten)
 
 from ascend_kernel_plugins.graph.piece_wrapper import (  # noqa: F401 - MovedInputError is part of this API
-    CapturedAddresses, MovedInputError, PieceWrapper, check_input_addresses, input_addresses, piece_input_names)
+    CapturedAddresses, MovedInputError, PieceWrapper, piece_input_names)
 
 
 @dataclass
@@ -108,7 +108,9 @@ class StaticEntry:
     for those the copy pairs and the result are fixed at capture, so a
     replay does no pytree walk (two walks per piece were about a tenth of a
     tiny model's decode step). Anything nested goes through the walk. An
-    inner piece's replay returns the artifact's result as it is.
+    artifact compiled for one shape returns the same structure every call,
+    so the form is decided once, at capture. An inner piece's replay returns
+    the artifact's result as it is.
     """
 
     __slots__ = ("descriptor", "artifact", "addresses", "static_outputs", "outputs", "spec", "flat", "copies",
@@ -133,9 +135,6 @@ class StaticEntry:
         #: (index in the artifact's result, buffer) for every tensor output the replay copies
         self.copies = tuple((i, out) for i, out in enumerate(self.outputs) if isinstance(out, torch.Tensor))
 
-    def check_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any], names: list[str] | None) -> None:
-        self.addresses.check(args, kwargs, names, self.descriptor)
-
     def replay(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         fresh = self.artifact(*args, **kwargs)
         if not self.static_outputs:
@@ -144,7 +143,7 @@ class StaticEntry:
             if fresh is not self.result:
                 self.result.copy_(fresh)
             return self.result
-        if self.flat is False or type(fresh) is not self.flat or len(fresh) != len(self.outputs):
+        if self.flat is False:
             fresh, _ = tree_flatten(fresh)
             for static, out in zip(self.outputs, fresh):
                 if isinstance(static, torch.Tensor) and static is not out:
@@ -235,7 +234,7 @@ class StaticShapeWrapper(PieceWrapper):
             self.book.eager_fallbacks += 1
 
     def _replay(self, entry: StaticEntry, descriptor: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        entry.check_inputs(args, kwargs, self.input_names)
+        entry.addresses.check(args, kwargs, self.input_names, descriptor)
         if self.counts:
             self.book.replays[descriptor.num_tokens] += 1
         return entry.replay(args, kwargs)
