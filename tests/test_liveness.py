@@ -299,3 +299,79 @@ def test_the_hand_over_leaves_a_client_the_watch_did_not_fail_alone():
         return llm
 
     assert asyncio.run(run()).output_handler is None
+
+
+# -- the node's end: an API server whose watch failed stops vLLM's launcher ---------------------------------------
+
+_LAUNCHER = r'''
+import asyncio, json, multiprocessing, signal, sys, time
+from ascend_kernel.cli.liveness import stop_launcher
+
+def api_server(outcome):
+    async def watch():
+        return outcome
+    async def run():
+        task = asyncio.get_running_loop().create_task(watch())
+        await task
+        return stop_launcher(task)
+    asyncio.run(run())
+
+signals = []
+signal.signal(signal.SIGTERM, lambda signum, frame: signals.append(signum))
+outcome, name = sys.argv[1], sys.argv[2]
+child = multiprocessing.get_context("fork").Process(target=api_server, args=(outcome,), name=name)
+child.start()
+child.join(30)
+deadline = time.monotonic() + 2
+while not signals and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(json.dumps({"exitcode": child.exitcode, "sigterm": signals == [signal.SIGTERM]}))
+'''
+
+
+def _launch(outcome: str, name: str) -> dict[str, Any]:
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _LAUNCHER, outcome, name], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_an_api_server_whose_watch_failed_the_client_stops_the_launcher_that_started_it():
+    """vLLM's multi-API-server launcher reads an API server's exit 0 as a normal end and waits on for the node's
+    engine and coordinator (a race decided whether a killed node's API node ever ended). A real launcher process
+    and a real API-server child named as vLLM names them: the failed watch SIGTERMs the launcher, once."""
+    assert _launch("failed", "ApiServer_1") == {"exitcode": 0, "sigterm": True}
+
+
+def test_no_launcher_is_stopped_by_a_watch_that_did_not_fail_or_by_a_process_vllm_did_not_start_as_api_server():
+    assert _launch("dead", "ApiServer_0") == {"exitcode": 0, "sigterm": False}  # vLLM's own end, or a shutdown
+    assert _launch("failed", "SomeWorker-1") == {"exitcode": 0, "sigterm": False}
+
+
+def test_the_launcher_stop_needs_a_finished_watch_and_a_parent_process():
+    from ascend_kernel.cli.liveness import stop_launcher
+
+    async def run() -> list[Any]:
+        pending = asyncio.get_running_loop().create_task(asyncio.sleep(10))
+        failed = asyncio.get_running_loop().create_task(asyncio.sleep(0, result="failed"))
+        await failed
+        # a running watch, no watch, and a failed watch in this (pytest's main) process: no launcher above it
+        answers = [stop_launcher(pending), stop_launcher(False), stop_launcher(failed)]
+        pending.cancel()
+        return answers
+
+    assert asyncio.run(run()) == [None, None, None]
+
+
+def test_vllm_names_its_api_server_processes_as_the_launcher_stop_expects():
+    import inspect
+
+    from vllm.v1.utils import APIServerProcessManager
+
+    from ascend_kernel.cli.liveness import API_SERVER_PROCESS_PREFIX
+
+    assert f'name=f"{API_SERVER_PROCESS_PREFIX}{{i}}"' in inspect.getsource(APIServerProcessManager.__init__)

@@ -54,12 +54,27 @@ once the timeout has passed without a beat.
 Only deployments where the client drives engines this host did not start are
 watched (more engines than ``--data-parallel-size-local``); vLLM watches its
 own engine processes itself.
+
+With more than one API server, the node does not end when they do: vLLM's
+launcher (``run_multi_api_server``) waits for each of its processes to end
+and takes an API server that exits with status 0 as one that finished
+normally, then waits on for the node's engine and DP coordinator, which run
+on. Whether it noticed depended on a race (an API server's status read
+while still unknown counts as a death; read as 0, the launcher waited
+forever: seen once in CI, the API node still up 64 s after the kill, where
+other runs ended in 8-11 s). So an API server whose watch failed the client
+asks its launcher to stop (:func:`stop_launcher`, SIGTERM: the launcher's
+own stop, which ends every API server, engine and coordinator of the node)
+once its own lifespan has ended, after the failed requests were answered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
+import os
+import signal
 import socket
 import threading
 import time
@@ -79,6 +94,8 @@ BEAT = b"ascend-kernel-beat"
 SUBSCRIBE = b"ascend-kernel-subscribe"
 #: seconds a subscriber is relayed to after its last subscription (it renews every heartbeat interval)
 SUBSCRIPTION_TTL_S = 5 * HEARTBEAT_INTERVAL_S
+#: how vLLM's multi-API-server launcher names the API server processes it starts (``APIServerProcessManager``)
+API_SERVER_PROCESS_PREFIX = "ApiServer_"
 
 
 def remote_engines(engine_client: Any) -> int:
@@ -296,6 +313,29 @@ def hand_to_vllm(engine_client: Any, outcome: str) -> str:
 
         start_output_handler(engine_client)
     return outcome
+
+
+def stop_launcher(watch_task: Any) -> int | None:
+    """When ``watch_task`` failed the client in an API server that vLLM's launcher started, SIGTERM that launcher.
+
+    Called as this API server's lifespan ends (vLLM's watchdog stopped it after its requests were answered).
+    Returns the launcher's pid where it was signalled; None where the watch did not fail, or this server is no
+    launcher's child (one API server: it is the node's main process, whose end ends the node).
+    """
+    if not isinstance(watch_task, asyncio.Task) or not watch_task.done() or watch_task.cancelled():
+        return None
+    if watch_task.exception() is not None or watch_task.result() != "failed":
+        return None
+    launcher = multiprocessing.parent_process()
+    if launcher is None or not multiprocessing.current_process().name.startswith(API_SERVER_PROCESS_PREFIX):
+        return None
+    logger.warning("ascend-kernel: an engine on another host is dead; asking this node's launcher (pid %d) to "
+                   "stop its API servers, engines and coordinator (it waits on them otherwise)", launcher.pid)
+    try:
+        os.kill(launcher.pid, signal.SIGTERM)
+    except ProcessLookupError:  # the launcher already ended
+        return None
+    return launcher.pid
 
 
 def start_watch(app_state: Any) -> asyncio.Task | None:

@@ -120,6 +120,8 @@ class KernelReportMiddleware:
             from ascend_kernel.cli.liveness import start_watch
 
             self._liveness = start_watch(scope["app"].state) or False
+        if scope["type"] == "lifespan" and self._liveness:
+            send = self._stop_launcher_after_shutdown(send)
         if (scope["type"] != "http" or scope.get("method") == "OPTIONS"
                 or scope["path"].removeprefix(scope.get("root_path", "")) != REPORT_PATH):
             if scope["type"] == "http":
@@ -130,6 +132,18 @@ class KernelReportMiddleware:
             return
         response = await self._answer(scope)
         await response(scope, receive, send)
+
+    def _stop_launcher_after_shutdown(self, send: Any) -> Any:
+        """``send`` that, once the app's lifespan shutdown is over, stops the node's launcher if the watch failed
+        the client (:func:`ascend_kernel.cli.liveness.stop_launcher`: why vLLM's launcher would wait on)."""
+        from ascend_kernel.cli.liveness import stop_launcher
+
+        async def sent(message: Any) -> None:
+            await send(message)
+            if message.get("type") in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+                stop_launcher(self._liveness)
+
+        return sent
 
     async def _answer(self, scope: Any) -> Any:
         from starlette.datastructures import Headers

@@ -277,6 +277,9 @@ def test_killed_headless_node_fails_open_requests_within_bound_and_a_restart_ser
     assert 200 not in answers and set(answers) <= {503, "refused"}, answers
     # found by the heartbeat (the headless launcher's, cli/liveness.py), not the old utility probe
     assert f"sent no heartbeat for {faults.LIVENESS_TIMEOUT_S} s" in api.log_text(), api.log_text()[-3000:]
+    # an API server ended by the watch stops vLLM's launcher (cli/liveness.py stop_launcher), which would otherwise
+    # take its exit 0 as a normal end and wait on for the node's engine and coordinator
+    assert "asking this node's launcher" in api.log_text(), api.log_text()[-3000:]
     deadline = time.monotonic() + 30  # nothing of the old API node runs on (engine core DP0 included)
     while time.monotonic() < deadline:
         try:

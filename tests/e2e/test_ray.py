@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -70,13 +71,51 @@ class RayNode:
         stop_group(self.process, timeout_s=30)
 
 
-def node_ports() -> list[str]:
-    """Every port a node opens, chosen free, so two nodes (and other Ray users) on this host never collide."""
-    names = ["--node-manager-port", "--object-manager-port", "--runtime-env-agent-port",
-             "--dashboard-agent-grpc-port", "--dashboard-agent-listen-port", "--metrics-export-port"]
-    args = [x for name in names for x in (name, str(free_port()))]
-    low = free_port()
-    return [*args, "--min-worker-port", str(low), "--max-worker-port", str(low + 50)]
+class PortBook:
+    """Free ports for a cluster's nodes, never one twice and never one inside a node's worker-port range.
+
+    Each port is free when chosen, but the OS hands a closed port out again: a port chosen for one component
+    could be the next one's too, or fall inside the range a node gives its workers (Ray refuses to start when
+    two of its components share a port: seen once in CI, the runtime-env agent's port inside the worker range).
+    """
+
+    WORKER_PORTS = 51
+
+    def __init__(self) -> None:
+        self.handed_out: set[int] = set()
+
+    def port(self) -> int:
+        while (port := free_port()) in self.handed_out:
+            pass
+        self.handed_out.add(port)
+        return port
+
+    def worker_range(self) -> int:
+        """The first of WORKER_PORTS consecutive ports, each free now and none handed out before."""
+        for _ in range(200):
+            low = free_port()
+            ports = range(low, low + self.WORKER_PORTS)
+            if ports[-1] <= 65535 and self.handed_out.isdisjoint(ports) and all(map(port_is_free, ports)):
+                self.handed_out.update(ports)
+                return low
+        raise RuntimeError(f"no {self.WORKER_PORTS} consecutive free ports found for Ray's workers")
+
+    def node_ports(self) -> list[str]:
+        """Every port a node opens, so two nodes (and other Ray users) on this host never collide."""
+        names = ["--node-manager-port", "--object-manager-port", "--runtime-env-agent-port",
+                 "--dashboard-agent-grpc-port", "--dashboard-agent-listen-port", "--metrics-export-port"]
+        low = self.worker_range()
+        args = [x for name in names for x in (name, str(self.port()))]
+        return [*args, "--min-worker-port", str(low), "--max-worker-port", str(low + self.WORKER_PORTS - 1)]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def kernel_workers(temp_dir: str) -> int:
@@ -90,17 +129,18 @@ def ray_cluster(tmp_path_factory) -> Iterator[dict[str, Any]]:
     logs = tmp_path_factory.mktemp("ray")
     # short temp dirs: Ray's unix sockets live there, and socket paths are limited to 107 bytes
     temp_dirs = [tempfile.mkdtemp(prefix="akray", dir="/tmp") for _ in range(2)]
-    port = free_port()
+    ports = PortBook()
+    port = ports.port()
     common = ["--num-cpus", "1", "--num-gpus", "0", "--node-ip-address", "127.0.0.1",
               "--object-store-memory", str(100 * 2**20), "--disable-usage-stats"]
     nodes = []
     try:
         head = RayNode(["--head", "--port", str(port), "--include-dashboard", "false",
-                        "--ray-client-server-port", str(free_port()), "--temp-dir", temp_dirs[0], *common,
-                        *node_ports()], ray_env(VLLM_CPU_OMP_THREADS_BIND="0"), logs / "head.log")
+                        "--ray-client-server-port", str(ports.port()), "--temp-dir", temp_dirs[0], *common,
+                        *ports.node_ports()], ray_env(VLLM_CPU_OMP_THREADS_BIND="0"), logs / "head.log")
         nodes.append(head)
         head.wait_ready()
-        worker = RayNode(["--address", f"127.0.0.1:{port}", "--temp-dir", temp_dirs[1], *common, *node_ports()],
+        worker = RayNode(["--address", f"127.0.0.1:{port}", "--temp-dir", temp_dirs[1], *common, *ports.node_ports()],
                          ray_env(VLLM_CPU_OMP_THREADS_BIND="1"), logs / "node1.log")
         nodes.append(worker)
         worker.wait_ready()
