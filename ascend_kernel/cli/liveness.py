@@ -329,6 +329,8 @@ def stop_launcher(watch_task: Any) -> int | None:
     launcher = multiprocessing.parent_process()
     if launcher is None or not multiprocessing.current_process().name.startswith(API_SERVER_PROCESS_PREFIX):
         return None
+    if os.getppid() != launcher.pid:  # the launcher ended (this process was re-parented): its pid may be another's
+        return None
     logger.warning("ascend-kernel: an engine on another host is dead; asking this node's launcher (pid %d) to "
                    "stop its API servers, engines and coordinator (it waits on them otherwise)", launcher.pid)
     try:
