@@ -55,6 +55,10 @@ def _sequence_parallel_supported(ctx: Any) -> str | None:
     if not ctx.settings.sequence_parallel:
         return f"not asked for (by {ASKED})"
     config = ctx.vllm_config
+    if tp_size(config) < 2:
+        return ("tensor parallel size 1: sequence parallelism shards the tokens over the TP group and replaces its "
+                "all-reduce, and there is neither (vllm-ascend requires TP > 1 for FlashComm v1 too); drop "
+                "enable_flashcomm1 / ASCEND_KERNEL_SEQUENCE_PARALLEL or raise --tensor-parallel-size")
     if not getattr(ctx.chosen.get("layer_ops"), "sequence_parallel_layers", False):
         return ("the chosen layer ops have no sequence-parallel norm and row-parallel layer: "
                 "set ASCEND_KERNEL_LAYER_OPS=ascend")
