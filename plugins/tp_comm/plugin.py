@@ -27,7 +27,8 @@ DENSE_ARCHITECTURES = frozenset({"LlamaForCausalLM"})
 #: the MoE ones: the same, with vLLM's MoE layer (its runner's final all-reduce skipped) in place of the MLP
 MOE_ARCHITECTURES = frozenset({"Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV2ForCausalLM"})
 ARCHITECTURES = DENSE_ARCHITECTURES | MOE_ARCHITECTURES
-ASKED = "ASCEND_KERNEL_SEQUENCE_PARALLEL, or vllm-ascend's additional_config enable_flashcomm1"
+ASKED = ("ASCEND_KERNEL_SEQUENCE_PARALLEL, or vllm-ascend's additional_config enable_flashcomm1 or "
+         "VLLM_ASCEND_ENABLE_FLASHCOMM1")
 #: vLLM's speculative methods whose drafter reads the target's hidden states between decoder layers
 #: (``hidden_states + residual``, vLLM's ``_maybe_add_hidden_state``): under the sequence-parallel layers those are
 #: partial sums and a residual shard, in every pass
