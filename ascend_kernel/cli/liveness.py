@@ -62,9 +62,8 @@ normally, then waits on for the node's engine and DP coordinator, which run
 on. Whether it noticed depended on a race (an API server's status read
 while still unknown counts as a death; read as 0, the launcher waited
 forever: seen once in CI, the API node still up 64 s after the kill, where
-other runs ended in 8-11 s). So an API server whose watch failed the client (or saw
-vLLM mark it dead: an engine on another host that fails with an error says
-so itself, and the same wait followed) asks its launcher to stop (:func:`stop_launcher`, SIGTERM: the launcher's
+other runs ended in 8-11 s). So an API server whose watch failed the client
+asks its launcher to stop (:func:`stop_launcher`, SIGTERM: the launcher's
 own stop, which ends every API server, engine and coordinator of the node)
 once its own lifespan has ended, after the failed requests were answered.
 """
@@ -316,35 +315,24 @@ def hand_to_vllm(engine_client: Any, outcome: str) -> str:
     return outcome
 
 
-#: what each watch outcome that ends the node says in the API server's log as it stops the launcher
-_WHY_STOP = {
-    "failed": "an engine on another host is dead (no heartbeat)",
-    # vLLM marked the client dead: an engine reported its own death (an error on another host, whose node ends
-    # without this one noticing), or the server is stopping anyway (then the launcher already is: vLLM's handler
-    # takes one SIGTERM only)
-    "dead": "the engine client is dead (an engine reported its death, or the server is stopping)",
-}
-
-
 def stop_launcher(watch_task: Any) -> int | None:
-    """When the client this API server watched ended dead, SIGTERM the launcher of vLLM's that started the server.
+    """When ``watch_task`` failed the client in an API server that vLLM's launcher started, SIGTERM that launcher.
 
     Called as this API server's lifespan ends (vLLM's watchdog stopped it after its requests were answered).
-    Returns the launcher's pid where it was signalled; None where the watch is still running or stopped for
-    another reason, or this server is no launcher's child (one API server: it is the node's main process, whose
-    end ends the node).
+    Returns the launcher's pid where it was signalled; None where the watch did not fail, or this server is no
+    launcher's child (one API server: it is the node's main process, whose end ends the node).
     """
     if not isinstance(watch_task, asyncio.Task) or not watch_task.done() or watch_task.cancelled():
         return None
-    if watch_task.exception() is not None or watch_task.result() not in _WHY_STOP:
+    if watch_task.exception() is not None or watch_task.result() != "failed":
         return None
     launcher = multiprocessing.parent_process()
     if launcher is None or not multiprocessing.current_process().name.startswith(API_SERVER_PROCESS_PREFIX):
         return None
     if os.getppid() != launcher.pid:  # the launcher ended (this process was re-parented): its pid may be another's
         return None
-    logger.warning("ascend-kernel: %s; asking this node's launcher (pid %d) to stop its API servers, engines and "
-                   "coordinator (it waits on them otherwise)", _WHY_STOP[watch_task.result()], launcher.pid)
+    logger.warning("ascend-kernel: an engine on another host is dead; asking this node's launcher (pid %d) to "
+                   "stop its API servers, engines and coordinator (it waits on them otherwise)", launcher.pid)
     try:
         os.kill(launcher.pid, signal.SIGTERM)
     except ProcessLookupError:  # the launcher already ended
