@@ -159,7 +159,7 @@ class Kernel:
         ctx = SelectionContext(vllm_config, self.settings, self.device_info, None, tables, chosen)
         for family in GLOBAL_FAMILIES:
             impl, record = choose(family.name, self.entries(family), ctx, forced=self.settings.forced(family.setting),
-                                  forcing_setting=KernelSettings.env_name(family.setting), optional=family.optional)
+                                  forcing_setting=self.settings.source_name(family.setting), optional=family.optional)
             self.records.append(record)
             chosen[family.name] = impl.build(ctx) if impl is not None else None
         self._check_forced_kv_layout_name()
@@ -202,7 +202,7 @@ class Kernel:
             ctx = self.context(vllm_config, subject=spec_type)
             impl, record = choose(KV_CACHE_FAMILY.name, self.entries(KV_CACHE_FAMILY), ctx,
                                   forced=self._forced_kv_layout(spec_type, ctx),
-                                  forcing_setting=KernelSettings.env_name(KV_CACHE_FAMILY.setting),
+                                  forcing_setting=self.settings.source_name(KV_CACHE_FAMILY.setting),
                                   subject=spec_type.__name__)
             self.records.append(record)
             self._kv_layouts[spec_type] = (impl.name, impl.build(ctx))
@@ -224,7 +224,7 @@ class Kernel:
             known = ", ".join(sorted(e.name for e in entries)) or "none installed"
             raise SelectionError(
                 f"Unknown {KV_CACHE_FAMILY.name} '{forced}' (forced by "
-                f"{KernelSettings.env_name(KV_CACHE_FAMILY.setting)}). Choose one of: {known} "
+                f"{self.settings.source_name(KV_CACHE_FAMILY.setting)}). Choose one of: {known} "
                 "(is the plugin that provides it installed and enabled?)")
 
     def _forced_kv_layout(self, spec_type: type, ctx: SelectionContext) -> str | None:

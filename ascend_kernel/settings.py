@@ -21,9 +21,9 @@ from __future__ import annotations
 import difflib
 import os
 from types import UnionType
-from typing import Any, ClassVar, Literal, Mapping, Sequence, Union, get_args, get_origin
+from typing import Any, ClassVar, Collection, Literal, Mapping, Sequence, Union, get_args, get_origin
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from typing_extensions import Annotated
 
@@ -110,6 +110,9 @@ class KernelSettings(BaseSettings):
     owners: ClassVar[Mapping[str, str]] = {}
     #: the (plugin name, settings model) pairs this class was composed from
     declared: ClassVar[tuple[tuple[str, type[BaseModel]], ...]] = ()
+    #: the fields given in the kernel's additional_config section (set by :func:`load_settings`; the others came
+    #: from the environment or their default)
+    _in_config: frozenset[str] = PrivateAttr(default=frozenset())
 
     # -- where to run -------------------------------------------------------
     device: Literal["auto", "npu", "cpu"] = Field(
@@ -199,6 +202,10 @@ class KernelSettings(BaseSettings):
     def env_name(field: str) -> str:
         return ENV_PREFIX + field.upper()
 
+    def source_name(self, field: str) -> str:
+        """What the user wrote to set ``field``, for messages: the additional_config key, else the variable."""
+        return _source_of(field, self._in_config)
+
     def __reduce__(self) -> tuple[Any, ...]:
         # a composed class is made at run time: unpickling (a worker process) composes it again
         return _restore, (self.declared, self.__getstate__())
@@ -259,16 +266,12 @@ def settings_model(declared: Declared | None = None) -> type[KernelSettings]:
 
 def _env_value(name: str) -> str | None:
     """pydantic-settings matches env names case-insensitively; so must the messages."""
-    for key, value in os.environ.items():
-        if key.upper() == name:
-            return value
-    return None
+    return next((value for key, value in os.environ.items() if key.upper() == name), None)
 
 
-def _source_of(field: str, overrides: Mapping[str, Any]) -> str:
-    if field in overrides:
-        return f'additional_config["{ADDITIONAL_CONFIG_KEY}"]["{field}"]'
-    return KernelSettings.env_name(field)
+def _source_of(field: str, given: Collection[str]) -> str:
+    """The additional_config key of ``field`` where it was given there, else its variable."""
+    return f'additional_config["{ADDITIONAL_CONFIG_KEY}"]["{field}"]' if field in given else ENV_PREFIX + field.upper()
 
 
 def _bare(annotation: Any) -> Any:
@@ -412,6 +415,7 @@ def load_settings(additional_config: Mapping[str, Any] | None = None, *,
                                 f"names to values, got {type(section).__name__}")
         overrides = dict(section)
     model = settings_model(declared)
+    in_config = frozenset(overrides)
     overrides = {**_foreign(additional_config or {}, model), **overrides}
     problems, covered = _early_problems(overrides, model)
     settings = None
@@ -424,6 +428,7 @@ def load_settings(additional_config: Mapping[str, Any] | None = None, *,
         problems += _refused_toggles(settings, overrides, model)
     if problems or settings is None:
         raise SettingsError(f"Invalid ascend-kernel setting: {'; '.join(problems)}.")
+    settings._in_config = in_config
     return settings
 
 

@@ -69,6 +69,24 @@ def test_additional_config_overrides_env(monkeypatch):
     assert s.soc == "A2"  # not overridden: env still applies
 
 
+def test_messages_name_the_key_the_user_wrote_additional_config_or_variable(monkeypatch):
+    """A forced name from additional_config is named by its key there, not by the variable nobody set (the
+    selection error for a cpu-graph asked for in additional_config said "forced by ASCEND_KERNEL_GRAPH_MODE")."""
+    import pickle
+
+    from ascend_kernel.errors import SelectionError
+    from ascend_kernel.kernel import build_kernel
+
+    monkeypatch.setenv("ASCEND_KERNEL_SAMPLER", "fast-cpu")
+    s = load_settings({**ak(graph_mode="cpu-graph", kv_cache_layout="no-such-layout"), "enable_flashcomm1": True})
+    assert s.source_name("graph_mode") == 'additional_config["ascend_kernel"]["graph_mode"]'
+    assert s.source_name("sampler") == "ASCEND_KERNEL_SAMPLER"  # from the environment
+    assert s.source_name("layer_ops") == "ASCEND_KERNEL_LAYER_OPS"  # its default: the variable to set
+    assert pickle.loads(pickle.dumps(s)).source_name("graph_mode") == s.source_name("graph_mode")  # to the workers
+    with pytest.raises(SelectionError, match=r'forced by additional_config\["ascend_kernel"\]\["kv_cache_layout"\]'):
+        build_kernel(s, "cpu")._check_forced_kv_layout_name()
+
+
 def test_other_additional_config_keys_are_left_to_the_plugins():
     """The core reads its own section only; the vllm-ascend-keys plugin refuses a key nobody knows."""
     s = load_settings({"some_other_plugin": {"x": 1}, "ascend_kernel": {"soc": "A3"}}, declared=[])

@@ -229,7 +229,7 @@ class KitEnvironment:
                 ctx = SelectionContext(cfg, settings, device, None, tables, dict(chosen))
                 try:
                     impl, _ = choose(fam.name, self.entries.get(fam.name, []), ctx, forced=settings.forced(fam.setting),
-                                     forcing_setting=KernelSettings.env_name(fam.setting), optional=fam.optional)
+                                     forcing_setting=settings.source_name(fam.setting), optional=fam.optional)
                     chosen[fam.name] = impl.build(ctx) if impl is not None else None
                 except Exception:  # noqa: BLE001 - that method's own checks report it
                     break
