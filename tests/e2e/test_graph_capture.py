@@ -53,7 +53,9 @@ def test_speculation_runs_between_captured_pieces(graph_run):
 def test_decision_and_config_changes_say_why(graph_run):
     report = graph_run["report"]
     (decision,) = [d for d in report["decisions"] if d["family"] == "graph"]
-    assert decision["chosen"] == "cpu-graph" and "ASCEND_KERNEL_GRAPH_MODE" in decision["forced_by"]
+    # --graph-mode lands in the kernel's additional_config section, and the record names that key
+    assert decision["chosen"] == "cpu-graph" and \
+        decision["forced_by"] == 'setting additional_config["ascend_kernel"]["graph_mode"]=cpu-graph', decision
     changes = {c["path"]: c for c in report["config_changes"] if c["plugin"] == "graph"}
     assert changes["compilation_config.cudagraph_capture_sizes"]["new"] == "[1, 2, 4, 8]"
     assert changes["compilation_config.cudagraph_mode"]["new"].endswith("PIECEWISE: 1>")
