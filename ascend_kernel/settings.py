@@ -271,7 +271,8 @@ def _env_value(name: str) -> str | None:
 
 def _source_of(field: str, given: Collection[str]) -> str:
     """The additional_config key of ``field`` where it was given there, else its variable."""
-    return f'additional_config["{ADDITIONAL_CONFIG_KEY}"]["{field}"]' if field in given else ENV_PREFIX + field.upper()
+    key = f'additional_config["{ADDITIONAL_CONFIG_KEY}"]["{field}"]'
+    return key if field in given else KernelSettings.env_name(field)
 
 
 def _bare(annotation: Any) -> Any:
