@@ -44,7 +44,8 @@ enable_mlapo enable_prefill_mc2 enable_reduce_sample enable_shared_expert_dp ena
 enable_transpose_kv_cache_by_block eplb_config finegrained_tp_config mega_moe_max_tokens mix_placement
 msmonitor_use_daemon multistream_dsv4_dsa_overlap multistream_overlap_shared_expert pa_shape_list
 rejection_sampler_config rl_config sparse_kv_offload_config weight_nz_mode xlite_graph_config scheduler_config
-enable_flashcomm1 enable_sleep_mode_extra_cleanup refresh enable_dsa_cp draft_window_size""".split()
+enable_flashcomm1 enable_sleep_mode_extra_cleanup refresh enable_dsa_cp draft_window_size short_request_first_config
+batch_job_sched_config profiling_chunk_config""".split()
 SEED = """torchair_graph_config ascend_scheduler_config xlite_graph_config ascend_compilation_config
 ascend_fusion_config finegrained_tp_config eplb_config enable_kv_nz enable_shared_expert_dp
 multistream_overlap_shared_expert enable_prefill_mc2 enable_reduce_sample recompute_scheduler_enable
@@ -121,13 +122,18 @@ def test_each_key_is_honored_when_off_and_refused_by_name_when_on(path, rule):
     where = "additional_config" + "".join(f'["{p}"]' for p in path.split("."))
     on = 7 if path.endswith(("_interval", "redundant_experts")) else True
     if isinstance(rule, (Off, Refused)) or (isinstance(rule, Setting) and rule.setting.startswith("fuse_")):
-        message = refused(_nest(path, on))
+        config = _nest(path, on)
+        if path == "eplb_config.eplb_policy_type":  # a policy matters only where dynamic EPLB runs
+            config["eplb_config"]["dynamic_eplb"] = True
+        message = refused(config)
         assert f"{where}=" in message and "is refused" in message and "Instead:" in message
         assert message.count("is refused") == 1  # one key, one paragraph
     if isinstance(rule, (Off, Honored)) or isinstance(rule, Setting) and rule.off_without:
         off = "all" if path.endswith(("_stage", "_phase")) else -1 if path.startswith("SLO") else False
         if isinstance(rule, Setting) and rule.setting.startswith("eplb_config."):
             off = 0
+        if path.endswith(("_map_path", "_map_record_path")):
+            off = None  # no file: vllm-ascend's default
         load_settings(_nest(path, off), declared=WITHOUT_FUSION)
 
 
@@ -164,6 +170,78 @@ def test_a_migrated_launch_command_is_refused_key_by_key():
 def test_a_disabled_section_with_its_other_sub_keys_is_honored():
     load_settings({"torchair_graph_config": {"enabled": False, "graph_batch_sizes": [1, 2]},
                    "xlite_graph_config": {"enabled": False, "full_mode": True}}, declared=WITHOUT_FUSION)
+
+
+#: every sub-key vllm-ascend's config classes read on main (182b75ea84, ascend_config.py), at its default value
+MAIN_DEFAULTS = {
+    "rl_config": {"enabled": False, "sleep_mode_extra_cleanup": False, "enable_training_consistency": False,
+                  "enable_batch_invariant": False},
+    "dynamic_spec_config": {"method": None, "method_params": {}},
+    "finegrained_tp_config": dict.fromkeys(("oproj_tensor_parallel_size", "lmhead_tensor_parallel_size",
+                                            "embedding_tensor_parallel_size", "mlp_tensor_parallel_size",
+                                            "olora_tensor_parallel_size"), 0),
+    "ascend_compilation_config": {"enable_npugraph_ex": False, "enable_static_kernel": False,
+                                  "fuse_norm_quant": False, "fuse_qknorm_rope": False, "fuse_muls_add": False},
+    "xlite_graph_config": {"enabled": False, "full_mode": False},
+    "rejection_sampler_config": {"enable_block_verify": False, "enable_entropy_verify": False,
+                                 "posterior_threshold": 0.95, "posterior_alpha": 0.4},
+    "eplb_config": {"dynamic_eplb": False, "expert_map_path": None, "expert_heat_collection_interval": 600,
+                    "algorithm_execution_interval": 50, "expert_map_record_path": None, "num_redundant_experts": 0,
+                    "eplb_policy_type": 2, "eplb_heat_collection_stage": "all", "load_collection_phase": "all"},
+    "sparse_kv_offload_config": {"enabled": False, "topk_buffer_size": 4096, "dram_size_per_dp_GB": 128,
+                                 "keep_device_kv_cache": False},
+    "scheduler_config": {
+        "enable_balance_scheduling": False, "recompute_scheduler_enable": False,
+        "short_request_first_config": {"enabled": False, "threshold": 256, "long_max_wait_ms": 0.0},
+        "profiling_chunk_config": {"enabled": False, "smooth_factor": 1.0, "min_chunk": 4096, "need_timing": False,
+                                   "max_fit_chunk": 30},
+        "batch_job_sched_config": {"enabled": False, "max_jobs": 20, "reserve_margin_blocks": 2,
+                                   "reserve_max_blocks": 8, "low_available_tokens_threshold": 4096,
+                                   "short_decode_token_threshold": 32},
+        "dyntra_lb_config": {"enabled": False, "enable_diagnostics": False, "mode": "dynamic", "start_step": 250,
+                             "end_step": -1, "bubble_threshold": 5.0, "long_req_block_threshold": 700,
+                             "dynamic_max_step": 256}},
+}
+
+
+@pytest.mark.parametrize("section", sorted(MAIN_DEFAULTS))
+def test_vllm_ascends_defaults_written_out_are_honored(section):
+    """A launch command that spells out vllm-ascend's defaults asks for nothing the kernel lacks: every sub-key,
+    nested ones too, is known and honored (found: batch_job_sched_config's and dyntra_lb_config's tuning keys, two
+    rl_config switches, a null expert-map path, the default policy type and lm-head TP's 0 were refused). Both with
+    the plugins that declare the settings they map onto (the installed ones) and without them."""
+    load_settings({section: MAIN_DEFAULTS[section]})
+    load_settings({section: MAIN_DEFAULTS[section]}, declared=WITHOUT_FUSION)
+
+
+def test_main_still_reads_two_scheduling_sections_at_the_top_level():
+    scheduling = MAIN_DEFAULTS["scheduler_config"]
+    load_settings({key: scheduling[key] for key in ("short_request_first_config", "batch_job_sched_config",
+                                                    "profiling_chunk_config")}, declared=WITHOUT_FUSION)
+    message = refused({"batch_job_sched_config": {"enabled": True, "max_jobs": 3}})
+    assert 'additional_config["batch_job_sched_config"]["enabled"]=True is refused' in message
+    assert "max_jobs" not in message  # an enabled section's refusal says it all
+
+
+def test_the_policy_type_is_refused_only_where_dynamic_eplb_runs():
+    message = refused({"eplb_config": {"dynamic_eplb": True, "eplb_policy_type": 2}})
+    assert '["eplb_policy_type"]=2 is refused' in message and '"policy": NAME' in message
+    load_settings({"eplb_config": {"dynamic_eplb": False, "eplb_policy_type": 3}}, declared=WITHOUT_FUSION)
+    assert "is refused" in refused({"eplb_config": {"eplb_policy_type": 2}})  # the kernel's own switch may be on
+    off = load_settings({"eplb_config": {"dynamic_eplb": False, "expert_heat_collection_interval": 60,
+                                         "num_redundant_experts": 0, "load_collection_phase": "decode"}})
+    assert off.enable_eplb is False and not off.eplb_config  # nothing mapped for an EPLB that is off
+    assert "is refused" in refused({"eplb_config": {"dynamic_eplb": False, "expert_map_path": "/x.json"}})
+    message = refused({"eplb_config": {"expert_map_path": "/x.json"}})
+    assert "ASCEND_KERNEL_EPLB_REPLAY_PATH" in message
+
+
+def test_lm_head_tp_zero_is_off_as_in_vllm_ascend():
+    installed = load_settings({"finegrained_tp_config": {"lmhead_tensor_parallel_size": 0}})
+    assert installed.lmhead_tensor_parallel_size is None
+    assert load_settings({"finegrained_tp_config": {"lmhead_tensor_parallel_size": 2}}).lmhead_tensor_parallel_size == 2
+    message = refused({"finegrained_tp_config": {"lmhead_tensor_parallel_size": -1}}, declared=None)
+    assert "is refused: not a value of lmhead_tensor_parallel_size (-1 is below 0)" in message
 
 
 @pytest.mark.parametrize(("config", "needle"), [

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ascend_kernel_plugins.vllm_ascend_keys.rules import (
-    Honored, Off, Outcome, Passed, Refused, Section, Setting, apply, as_group_size, is_off, unknown,
+    Honored, Off, Outcome, Passed, Refused, Section, Setting, apply, as_bool, as_group_size, is_off, unknown,
 )
 
 GRAPH_INSTEAD = ("ASCEND_KERNEL_GRAPH_MODE (aclgraph on an NPU, cpu-graph on a CPU host) with "
@@ -25,15 +25,40 @@ SP = "sequence parallelism (FlashComm v1)"
 @dataclass(frozen=True)
 class EplbSection(Section):
     """vllm-ascend's EPLB cycle in vLLM's terms: load is gathered over ``expert_heat_collection_interval`` steps
-    and the experts move every heat + ``algorithm_execution_interval`` steps (its updater's cycle)."""
+    and the experts move every heat + ``algorithm_execution_interval`` steps (its updater's cycle).
+
+    Where the section says ``dynamic_eplb`` is off, its tuning keys tune nothing in vllm-ascend, so they map onto
+    nothing here either (a launch command that writes out vllm-ascend's defaults would otherwise hand the EPLB
+    plugin a cycle for an EPLB that is off, which it refuses). Left out, they map as given: the kernel's own
+    ``enable_eplb`` may turn EPLB on, and a cycle for an EPLB that stays off is then the plugin's clear error.
+    """
 
     def apply_all(self, path: str, value: Any, fields: frozenset[str]) -> list[Outcome]:
         outcomes = super().apply_all(path, value, fields)
-        if isinstance(value, Mapping) and "algorithm_execution_interval" in value:
+        if not isinstance(value, Mapping):
+            return outcomes
+        if "dynamic_eplb" in value and not as_bool(value["dynamic_eplb"]):
+            return [_tunes_nothing(o) if _dynamic_only(o) else o for o in outcomes]
+        if "algorithm_execution_interval" in value:
             heat = value.get("expert_heat_collection_interval", 600)
             outcomes = [_step_interval(o, heat) if o.path.endswith(".algorithm_execution_interval") else o
                         for o in outcomes]
         return outcomes
+
+
+#: eplb_config's sub-keys that only tune dynamic EPLB (num_redundant_experts too, at 0)
+DYNAMIC_EPLB_TUNING = ("expert_heat_collection_interval", "algorithm_execution_interval", "eplb_policy_type",
+                       "eplb_heat_collection_stage", "load_collection_phase")
+
+
+def _dynamic_only(outcome: Outcome) -> bool:
+    key = outcome.path.rsplit(".", 1)[-1]
+    return key in DYNAMIC_EPLB_TUNING or (key == "num_redundant_experts" and outcome.value == 0)
+
+
+def _tunes_nothing(outcome: Outcome) -> Outcome:
+    return Outcome(outcome.path, outcome.value, effect="nothing to do: dynamic_eplb is off in this section, so "
+                                                       "this tunes nothing (as in vllm-ascend)")
 
 
 def _step_interval(outcome: Outcome, heat: Any) -> Outcome:
@@ -50,6 +75,10 @@ def _positive_int(value: Any) -> int:
     return value
 
 
+def _unset(value: Any) -> bool:
+    return value is None or value == ""
+
+
 def _all_phases(value: Any) -> bool:
     return value == "all"
 
@@ -59,11 +88,13 @@ EPLB = EplbSection({
     "num_redundant_experts": Setting("eplb_config.num_redundant_experts", _positive_int, "the EPLB plugin"),
     "expert_heat_collection_interval": Setting("eplb_config.window_size", _positive_int, "the EPLB plugin"),
     "algorithm_execution_interval": Setting("eplb_config.step_interval", _positive_int, "the EPLB plugin"),
-    "expert_map_path": Refused("vllm-ascend's expert-map file format is not the kernel's",
-                               "ASCEND_KERNEL_EPLB_REPLAY_PATH with a map the kernel recorded"),
-    "expert_map_record_path": Refused("the kernel records expert maps in its own format",
-                                      "ASCEND_KERNEL_EPLB_RECORD_PATH"),
-    "eplb_policy_type": Refused("vllm-ascend's policies 0-3 are not the kernel's",
+    # null is vllm-ascend's default (no file): honored; a path names a file in vllm-ascend's own format
+    "expert_map_path": Off("reader of vllm-ascend's expert-map file format", "ASCEND_KERNEL_EPLB_REPLAY_PATH with "
+                           "a map the kernel recorded", _unset),
+    "expert_map_record_path": Off("writer of vllm-ascend's expert-map file format",
+                                  "ASCEND_KERNEL_EPLB_RECORD_PATH (the kernel's own format)", _unset),
+    "eplb_policy_type": Refused("vllm-ascend's policies 0-3 are not the kernel's (any value is honored where "
+                                "the section sets dynamic_eplb off: no policy runs)",
                                 'ascend_kernel.eplb_config {"policy": NAME} (vLLM\'s default or an eplb_policy '
                                 "plugin's, listed by `ascend-kernel plugins`)"),
     "eplb_heat_collection_stage": Off("load collection restricted to prefill or decode", "'all'", _all_phases),
@@ -89,7 +120,7 @@ COMPILATION = Section({
 
 LMHEAD_TP = Setting("lmhead_tensor_parallel_size", convert=as_group_size,
                     feature="lm-head tensor parallelism over a group of DP ranks",
-                    expects="a whole number >= 1 dividing the DP size (or null: off)")
+                    expects="a whole number >= 1 dividing the DP size (0 or null: off)")
 
 FINEGRAINED_TP = Section({
     "lmhead_tensor_parallel_size": LMHEAD_TP,
@@ -114,6 +145,14 @@ class _Enabled(Section):
             return [o for o in outcomes if o.path.endswith(".enabled") or "is no key" in o.refusal]
         return outcomes
 
+
+SHORT_REQUEST_FIRST = _enabled_only("short_request_first_config", "short-request-first scheduling", REMOVE,
+                                    ("threshold", "long_max_wait_ms"))
+PROFILING_CHUNK = _enabled_only("profiling_chunk_config", "profiling-based chunk sizing", REMOVE,
+                                ("min_chunk", "max_fit_chunk", "smooth_factor", "need_timing"))
+BATCH_JOB_SCHED = _enabled_only("batch_job_sched_config", "batch-job scheduling", REMOVE, (
+    "max_jobs", "reserve_margin_blocks", "reserve_max_blocks", "low_available_tokens_threshold",
+    "short_decode_token_threshold"))
 
 #: key -> (rule, where vllm-ascend reads it)
 KEYS: dict[str, tuple[Any, str]] = {
@@ -142,20 +181,21 @@ KEYS: dict[str, tuple[Any, str]] = {
     "scheduler_config": (Section({
         "enable_balance_scheduling": Off("balance scheduling across DP ranks", REMOVE),
         "recompute_scheduler_enable": Off("recompute scheduler", REMOVE),
-        "short_request_first_config": _enabled_only("short_request_first_config", "short-request-first "
-                                                    "scheduling", REMOVE, ("threshold", "long_max_wait_ms")),
-        "profiling_chunk_config": _enabled_only("profiling_chunk_config", "profiling-based chunk sizing", REMOVE,
-                                                ("min_chunk", "max_fit_chunk", "smooth_factor", "need_timing")),
-        "batch_job_sched_config": _enabled_only("batch_job_sched_config", "batch-job scheduling", REMOVE),
-        "dyntra_lb_config": _enabled_only("dyntra_lb_config", "dynamic DP load balancing", REMOVE),
+        "short_request_first_config": SHORT_REQUEST_FIRST,
+        "profiling_chunk_config": PROFILING_CHUNK,
+        "batch_job_sched_config": BATCH_JOB_SCHED,
+        "dyntra_lb_config": _enabled_only("dyntra_lb_config", "dynamic DP load balancing", REMOVE, (
+            "enable_diagnostics", "mode", "start_step", "end_step", "bubble_threshold", "long_req_block_threshold",
+            "dynamic_max_step")),
     }, "vllm-ascend's scheduler_config"), "main"),
+    # main still reads these two at the top level when scheduler_config does not give them (deprecated there)
+    "short_request_first_config": (SHORT_REQUEST_FIRST, "main (deprecated for scheduler_config's)"),
+    "batch_job_sched_config": (BATCH_JOB_SCHED, "main (deprecated for scheduler_config's)"),
     "enable_balance_scheduling": (Off("balance scheduling across DP ranks", REMOVE), "v0.23.0"),
     "recompute_scheduler_enable": (Off("recompute scheduler", REMOVE), "v0.11.0rc1-v0.23.0 (seed platform)"),
     "SLO_limits_for_dynamic_batch": (Off("SLO-driven dynamic batch sizing", REMOVE, lambda v: v in (-1, None)),
                                      "v0.12.0rc1-v0.23.0 (seed platform)"),
-    "profiling_chunk_config": (_enabled_only("profiling_chunk_config", "profiling-based chunk sizing", REMOVE,
-                                             ("min_chunk", "max_fit_chunk", "smooth_factor", "need_timing")),
-                               "v0.19.1rc1-v0.23.0"),
+    "profiling_chunk_config": (PROFILING_CHUNK, "v0.19.1rc1-main (deprecated on main for scheduler_config's)"),
     # -- communication and parallelism
     "enable_flashcomm1": (Setting("sequence_parallel", feature=SP), "v0.23.0 (removed on main)"),
     "enable_flashcomm2_parallel_size": (Off("FlashComm v2 (removed upstream)", REMOVE), "v0.23.0"),
@@ -240,7 +280,8 @@ KEYS: dict[str, tuple[Any, str]] = {
     "ascend_log_path": (Refused("the kernel logs through vLLM's logging, not to a directory of its own",
                                 "VLLM_LOGGING_CONFIG_PATH"), "v0.23.0-main"),
     "enable_sleep_mode_extra_cleanup": (Off("extra clean-up on sleep", REMOVE), "v0.23.0"),
-    "rl_config": (_enabled_only("rl_config", "RL-training integration", REMOVE, ("sleep_mode_extra_cleanup",)),
+    "rl_config": (_enabled_only("rl_config", "RL-training integration", REMOVE, (
+        "sleep_mode_extra_cleanup", "enable_training_consistency", "enable_batch_invariant")),
                   "main"),
     "refresh": (Honored("the kernel reads additional_config afresh for every engine"), "v0.9.1-main"),
 }

@@ -44,15 +44,16 @@ def as_bool(value: Any) -> bool:
 
 
 def as_group_size(value: Any) -> int | None:
-    """A parallel group size: None (off) or a whole number >= 1 (booleans and fractions are rejected)."""
+    """A parallel group size: None or 0 (off: vllm-ascend's default is 0) or a whole number >= 1 (booleans,
+    fractions and negatives are rejected)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ValueError(f"{type(value).__name__} is not a group size")
     size = int(value)
-    if size < 1:
-        raise ValueError(f"{size} is below 1")
-    return size
+    if size < 0:
+        raise ValueError(f"{size} is below 0")
+    return size or None
 
 
 def refusal(path: str, value: Any, why: str, instead: str) -> str:
