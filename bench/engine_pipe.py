@@ -18,12 +18,13 @@ from typing import Any
 class EnginePipe:
     """The worker process of one engine: ``block(batch, tokens)`` sends a request and returns its answer."""
 
-    def __init__(self, script: str, label: str, worker_args: list[str]) -> None:
+    def __init__(self, script: str, label: str, worker_args: list[str], env: dict[str, str] | None = None,
+                 stderr: Any = subprocess.DEVNULL) -> None:
         self.label = label
         self.proc = subprocess.Popen(
             [sys.executable, script, "--worker", *worker_args],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            cwd=Path(__file__).resolve().parents[1])
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
+            cwd=Path(__file__).resolve().parents[1], env=env)
         self.hello = self._read()
 
     def _read(self) -> dict[str, Any]:
