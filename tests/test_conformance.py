@@ -180,6 +180,18 @@ def test_thirdparty_test_plugins_conform_on_two_ranks(on_path, cache_dir):
     assert statuses[("demo-moe", "selects-from-table")] == "pass"
 
 
+def test_a_third_party_fusion_pass_conforms_and_rewrites_the_kits_token_row_norm(on_path, cache_dir):
+    """tests/thirdparty/fusion: a pass the kernel does not know swaps the seam's token-row rms_norm for its own
+    op; the kit's graph holds one such norm, and the rewritten graph's outputs equal the untouched one's bit for
+    bit (the same engine run in tests/e2e/test_model_families.py shows it in a compiled model)."""
+    on_path(THIRDPARTY / "fusion")
+    report = check_plugin("fusion-demo", cache_dir=cache_dir)
+    results = {r.contract: r for r in report.results if r.implementation == "rows-rms-norm"}
+    assert {c: r.status for c, r in results.items()} == {"builds": "pass", "same-values": "pass",
+                                                          "describes": "pass"}
+    assert results["same-values"].reason.startswith("1 pattern(s) replaced")
+
+
 # -- the pytest plugin ---------------------------------------------------------------------------
 
 

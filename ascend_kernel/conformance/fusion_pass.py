@@ -3,7 +3,9 @@
 The built pass is given a small traced graph (the seam's reference ops and
 aten, as a post-grad graph holds them) that contains every pattern the
 built-in passes know: an add + RMSNorm feeding a static and a dynamic
-quantize, per-head q/k norms feeding the rotary, and ``x * s + y``. It must:
+quantize, per-head q/k norms feeding the rotary, and ``x * s + y``; and a
+plain RMSNorm over token rows (a first layer's input norm, which no built-in
+pass takes but a third party's may). It must:
 
 * ``same-values``: return how many patterns it replaced (an int, added to its
   ``matches``), leave a graph that lints, and compute the same outputs as the
@@ -27,6 +29,7 @@ CONFIGS = ("llama", "deepseek_v2")
 
 def _program(ops: Any, scale: float) -> Any:
     def program(x, residual, weight, inv_scale, offset, qkv, positions, q_weight, k_weight, cache):
+        first = ops.rms_norm(x, weight, 1e-6)[0]
         normed, summed = ops.add_rms_norm(x, residual, weight, 1e-6)
         static = ops.quantize(normed, inv_scale, offset)
         normed2, summed2 = ops.add_rms_norm(summed, x, weight, 1e-5)
@@ -35,7 +38,7 @@ def _program(ops: Any, scale: float) -> Any:
         q = ops.rms_norm(q.view(-1, 4, 8), q_weight, 1e-6)[0].view(q.shape)
         k = ops.rms_norm(k.view(-1, 2, 8), k_weight, 1e-6)[0].view(k.shape)
         q, k = ops.rope(positions, q, k, 8, cache, True)
-        return static, dynamic, row_scale, summed2, q, k, v, summed * scale + x
+        return static, dynamic, row_scale, summed2, q, k, v, summed * scale + x, first
     return program
 
 

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from tests.e2e.conftest import clean_env, generate, hf_greedy, run_cli, tokens
+from tests.e2e.conftest import REPO, clean_env, generate, hf_greedy, run_cli, tokens
 
 pytestmark = pytest.mark.e2e
 MAX_TOKENS = 8
@@ -154,7 +154,12 @@ def test_qwen3_moe_qk_norms_fuse_with_rope_under_vllms_default_compilation(tmp_p
     Qwen3-MoE normalises each q and k head before the rotary: with the seam's layers (``layer_ops=ascend``) the
     traced graph holds per-head ``rms_norm`` -> ``rope`` in every layer, and the pass turns each pair into one
     ``qk_norm_rope`` (vllm-ascend's ``fuse_qknorm_rope``). One match per layer, the greedy tokens equal
-    transformers' (float32)."""
+    transformers' (float32).
+
+    The same engine carries a third party's pass (tests/thirdparty/fusion/ak_fusion_plugin, found by its entry
+    point; nothing in the kernel names it): it swaps the seam's token-row ``rms_norm`` for its own registered op,
+    after the built-in passes. The one such norm in this model is the first layer's input norm (every other
+    norm adds a residual: ``add_rms_norm``); the per-head norms were fused before it ran, so it skips none."""
     from ascend_kernel.models import create_tiny_model
     from tests.e2e.conftest import compiles_every_graph
 
@@ -162,12 +167,17 @@ def test_qwen3_moe_qk_norms_fuse_with_rope_under_vllms_default_compilation(tmp_p
     layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
     run = generate(model, "--engine-arg", "enforce_eager=false", max_tokens=MAX_TOKENS,
                    env=clean_env(ASCEND_KERNEL_DEVICE="cpu", ASCEND_KERNEL_LAYER_OPS="ascend",
+                                 PYTHONPATH=str(REPO / "tests" / "thirdparty" / "fusion"),
                                  **compiles_every_graph(tmp_path_factory)))
     assert tokens(run) == oracle_for(model, run)
     fusion = {p["name"]: p for p in run["report"]["fusion"]}
     assert fusion["qknorm-rope"]["enabled"] and fusion["qknorm-rope"]["graphs"] >= 1, fusion
     assert fusion["qknorm-rope"]["matches"] == layers and not fusion["qknorm-rope"]["skipped"], fusion
     assert fusion["norm-quant"]["matches"] == 0, fusion  # nothing quantized in this model
+    assert fusion["rows-rms-norm"] == {"name": "rows-rms-norm", "enabled": True, "matches": 1, "skipped": {}}, fusion
+    assert list(fusion).index("rows-rms-norm") > list(fusion).index("qknorm-rope")  # the table's order: priority
+    [record] = [d for d in run["report"]["decisions"] if d["family"] == "fusion_pass"]
+    assert "ak_fusion_plugin" in json.dumps(record)  # the decision names the third party's entry point
 
 
 @pytest.mark.parametrize("arch", ["deepseek_mtp"])
