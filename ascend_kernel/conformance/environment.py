@@ -13,7 +13,9 @@ accepts, trying the configs its family's contract needs, then the devices
 reference ops provider when no NPU is present, so NPU-only implementations
 whose logic is host-independent are still exercised), then the settings
 (defaults, then each boolean feature toggle switched on, for implementations
-that a toggle enables). When none is accepted the contracts are skipped with
+that a toggle enables, then each family left to ``auto`` forced to each of its
+installed implementations, for those that apply only beside another family's
+choice, as the fusion passes beside the seam's ``ascend`` layer ops). When none is accepted the contracts are skipped with
 every reason ``supports`` gave.
 """
 
@@ -27,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ascend_kernel.device import DeviceInfo, npu_available
 from ascend_kernel.kernel import GLOBAL_FAMILIES, SelectionContext
 from ascend_kernel.registry import Implementation, choose
-from ascend_kernel.settings import KernelSettings, load_settings
+from ascend_kernel.settings import AUTO, KernelSettings, load_settings
 
 GLOBAL_FAMILY_NAMES = frozenset(f.name for f in GLOBAL_FAMILIES)
 #: boolean settings that only change logging, never what an implementation serves
@@ -121,6 +123,8 @@ def _recipes() -> dict[str, tuple[str, Callable[[Path], Any]]]:
         "llama-compressed-tensors": ("llama", plain(tweak=quantized("compressed-tensors"))),
         "deepseek_v2": ("deepseek_v2", plain()),
         "deepseek_v2-sparse": ("deepseek_v2", plain({"hf_overrides": {"index_topk": 8, "index_head_dim": 96}})),
+        # DeepSeek scales its routed experts (the recipe keeps 1.0, where vLLM multiplies by nothing)
+        "deepseek_v2-scaled": ("deepseek_v2", plain({"hf_overrides": {"routed_scaling_factor": 2.0}})),
         "qwen2_moe": ("qwen2_moe", plain()),
     }
 
@@ -167,10 +171,17 @@ class KitEnvironment:
         return self.settings
 
     def settings_variants(self, base: KernelSettings) -> list[tuple[str, KernelSettings]]:
+        """The settings as given, then each off switch turned on, then each ``auto`` family forced to each of its
+        installed implementations (``ASCEND_KERNEL_LAYER_OPS=ascend``): an implementation that applies only where
+        a user asks for a feature, or for another family's choice, still finds a context to be checked in."""
         variants = [("", base)]
         for name, info in type(base).model_fields.items():  # the core's and every plugin's settings
             if info.annotation is bool and name not in _NOT_TOGGLES and not getattr(base, name):
                 variants.append((f"{KernelSettings.env_name(name)}=1", base.model_copy(update={name: True})))
+        for name in type(base).model_fields:
+            if getattr(base, name) == AUTO and self.entries.get(name):
+                variants += [(f"{KernelSettings.env_name(name)}={entry.name}",
+                              base.model_copy(update={name: entry.name})) for entry in self.entries[name]]
         return variants
 
     def find_context(self, entry: Implementation, config_names: Sequence[str], *,

@@ -24,7 +24,7 @@ from ascend_kernel.conformance.base import build_under
 from ascend_kernel.conformance.results import Checks
 
 FAMILY = "fusion_pass"
-CONFIGS = ("llama", "deepseek_v2")
+CONFIGS = ("llama", "deepseek_v2", "deepseek_v2-scaled")  # the last for muls-add: a routed scale of 2.0
 
 
 def _program(ops: Any, scale: float) -> Any:
