@@ -13,10 +13,11 @@ accepts, trying the configs its family's contract needs, then the devices
 reference ops provider when no NPU is present, so NPU-only implementations
 whose logic is host-independent are still exercised), then the settings
 (defaults, then each boolean feature toggle switched on, for implementations
-that a toggle enables, then each family left to ``auto`` forced to each of its
-installed implementations, for those that apply only beside another family's
-choice, as the fusion passes beside the seam's ``ascend`` layer ops). When none is accepted the contracts are skipped with
-every reason ``supports`` gave.
+that a toggle enables, then each chosen family left to ``auto`` forced to each
+of its installed implementations, for those that apply only beside another
+family's choice, as the fusion passes beside the seam's ``ascend`` layer ops).
+When none is accepted the contracts are skipped with every reason ``supports``
+gave.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ascend_kernel.device import DeviceInfo, npu_available
 from ascend_kernel.kernel import GLOBAL_FAMILIES, SelectionContext
 from ascend_kernel.registry import Implementation, choose
-from ascend_kernel.settings import AUTO, KernelSettings, load_settings
+from ascend_kernel.settings import KernelSettings, load_settings
 
 GLOBAL_FAMILY_NAMES = frozenset(f.name for f in GLOBAL_FAMILIES)
 #: boolean settings that only change logging, never what an implementation serves
@@ -178,10 +179,11 @@ class KitEnvironment:
         for name, info in type(base).model_fields.items():  # the core's and every plugin's settings
             if info.annotation is bool and name not in _NOT_TOGGLES and not getattr(base, name):
                 variants.append((f"{KernelSettings.env_name(name)}=1", base.model_copy(update={name: True})))
-        for name in type(base).model_fields:
-            if getattr(base, name) == AUTO and self.entries.get(name):
-                variants += [(f"{KernelSettings.env_name(name)}={entry.name}",
-                              base.model_copy(update={name: entry.name})) for entry in self.entries[name]]
+        for fam in GLOBAL_FAMILIES:  # by each family's own setting (the graph family's is graph_mode)
+            if base.forced(fam.setting) is None:
+                variants += [(f"{KernelSettings.env_name(fam.setting)}={entry.name}",
+                              base.model_copy(update={fam.setting: entry.name}))
+                             for entry in self.entries.get(fam.name, [])]
         return variants
 
     def find_context(self, entry: Implementation, config_names: Sequence[str], *,
